@@ -1,0 +1,85 @@
+"""A tiny deterministic training loop: the same for every proof that trains."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class TrainLog:
+    loss: list[float] = field(default_factory=list)  # training loss per step
+    grad_norm: list[float] = field(default_factory=list)  # global gradient norm per step (before clipping)
+
+    @property
+    def diverged(self) -> bool:
+        return any(not math.isfinite(v) for v in self.loss)
+
+    def final(self, last: int = 10) -> float:
+        tail = self.loss[-last:]
+        return sum(tail) / len(tail)
+
+
+def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """Mean cross-entropy over all positions: logits (B, T, V), target (B, T)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), label_smoothing=label_smoothing)
+
+
+def train(
+    model: nn.Module,
+    batches: Callable[[int], tuple[Tensor, Tensor]],
+    steps: int,
+    lr: float = 1e-3,
+    schedule: Callable[[int], float] | None = None,
+    betas: tuple[float, float] = (0.9, 0.98),
+    clip: float | None = None,
+    label_smoothing: float = 0.0,
+) -> TrainLog:
+    """Adam on token cross-entropy. batches(step) -> (inputs, targets); schedule(step) multiplies lr.
+
+    Stops early (and records inf) once the loss stops being finite.
+    """
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=1e-9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule) if schedule else None
+    log = TrainLog()
+    model.train()
+    for step in range(steps):
+        x, y = batches(step)
+        loss = token_loss(model(x), y, label_smoothing)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else float("inf"))
+        log.loss.append(loss.item())
+        log.grad_norm.append(gn.item())
+        if not math.isfinite(loss.item()):
+            break
+        opt.step()
+        if sched:
+            sched.step()
+    model.eval()
+    return log
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
+    """Fraction of target tokens predicted exactly (eval mode)."""
+    model.eval()
+    return (model(x).argmax(-1) == y).float().mean().item()
+
+
+def fixed_batches(task, seed: int, batch: int, length: int, vocab: int) -> Callable[[int], tuple[Tensor, Tensor]]:
+    """A fresh seeded batch per step: both arms of an ablation see exactly the same data."""
+    g = torch.Generator().manual_seed(seed)
+    cache: list[tuple[Tensor, Tensor]] = []
+
+    def get(step: int):
+        while len(cache) <= step:
+            cache.append(task(g, batch, length, vocab))
+        return cache[step]
+
+    return get
