@@ -1,0 +1,52 @@
+# One command to read the site, one to run every test. Both set everything up first.
+#   make serve   -> venv + packages + KaTeX, run the proofs, serve the site at http://127.0.0.1:8000
+#   make test    -> the same set-up + Chromium, run the proofs, then the model, site and browser tests
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+KATEX  := build/npm/node_modules/katex/package.json
+JOBS   ?= 2
+export NO_MKDOCS_2_WARNING := 1
+
+.PHONY: setup chromium proofs site serve test bench notebooks clean
+
+setup: $(VENV)/.installed $(KATEX)
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[site,browser]'
+	touch $@
+
+$(KATEX):
+	npm install --silent --no-audit --no-fund --prefix build/npm katex@0.16.47
+
+chromium:
+	@command -v chromium >/dev/null || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+proofs: setup            ## run every proof; writes evidence/ that the site shows
+	$(PY) -m pytest proofs -n $(JOBS) -q
+
+site: proofs
+	$(VENV)/bin/mkdocs build --strict
+
+serve: proofs
+	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
+
+test: setup chromium     ## what CI runs: proofs first (they write the evidence), then everything else
+	$(PY) -m pytest proofs -n $(JOBS) -q
+	$(PY) -m pytest tests -n $(JOBS) -q
+
+bench: setup
+	$(PY) bench/bench_encoder_layer.py
+
+notebooks: setup         ## proofs as .ipynb under build/notebooks (never committed)
+	mkdir -p build/notebooks
+	for f in $$(find proofs -name 'proof_*.py'); do \
+	  $(VENV)/bin/jupytext --quiet --to notebook -o build/notebooks/$$(basename $$f .py).ipynb $$f; done
+
+clean:
+	rm -rf site evidence build/notebooks .pytest_cache
