@@ -53,7 +53,7 @@ _CHOICES = {
     "qk_norm": ("none", "layer"),
     "norm": ("layer", "batch", "none"),
     "norm_position": ("post", "pre"),
-    "positions": ("sinusoidal", "learned", "none"),
+    "positions": ("sinusoidal", "learned", "none", "shaw", "xl"),
     "emb_init": ("normal_inv_sqrt_d", "normal_1"),
     "tie_embeddings": ("all", "decoder", "none"),
     "mask_fill": ("-inf", "min"),
@@ -84,7 +84,11 @@ class TransformerConfig:
     residual: bool = True  # keep the identity path around every sub-layer
     norm_eps: float = 1e-5  # epsilon inside LayerNorm / BatchNorm
     # --- positions and embeddings ------------------------------------------
-    positions: str = "sinusoidal"  # absolute sinusoids (paper), a learned table, or no position signal
+    positions: str = "sinusoidal"  # absolute sinusoids (paper), learned table, none, Shaw relative, or Transformer-XL relative
+    rel_clip: int = 16  # Shaw: offsets j-i clipped to [-k, k], so 2k+1 learned vectors serve any length
+    rel_on_values: bool = True  # Shaw: add a^V_ij to the values too (a^K_ij on the keys always)
+    rel_per_head: bool = False  # Shaw: one relative table per head instead of one shared by all heads
+    mem_len: int = 0  # Transformer-XL: previous-segment states cached per layer (0 = no recurrence)
     learned_pos_std: float = 1.0  # init std of a learned position table (0.02 tables learn far slower)
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) before adding positions
     emb_init: str = "normal_inv_sqrt_d"  # N(0, 1/d_model) as in tensor2tensor, or N(0, 1) as torch.nn.Embedding
@@ -299,6 +303,20 @@ def record_attention(model: nn.Module) -> Iterator[list[MultiHeadAttention]]:
             m.record = False
 
 
+class ShawAttention(MultiHeadAttention):
+    """Shaw et al. (2018) relative position representations: see issue 4 (being implemented)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        raise NotImplementedError("positions='shaw' is not implemented yet")
+
+
+class XLAttention(MultiHeadAttention):
+    """Transformer-XL (Dai et al. 2019) relative attention with segment memory: being implemented."""
+
+    def __init__(self, cfg: TransformerConfig):
+        raise NotImplementedError("positions='xl' is not implemented yet")
+
+
 # ----------------------------------------------------------------------------
 # Sub-layers
 # ----------------------------------------------------------------------------
@@ -350,10 +368,19 @@ class Residual(nn.Module):
         return self.norm(keep + self.drop_residual(f(x)))
 
 
+def make_self_attention(cfg: TransformerConfig) -> MultiHeadAttention:
+    """Self-attention for cfg.positions: relative variants override MultiHeadAttention.score/mix."""
+    if cfg.positions == "shaw":
+        return ShawAttention(cfg)
+    if cfg.positions == "xl":
+        return XLAttention(cfg)
+    return MultiHeadAttention(cfg)
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg)
+        self.self_attn = make_self_attention(cfg)
         self.ffn = FeedForward(cfg)
         self.sub_attn = Residual(cfg)
         self.sub_ffn = Residual(cfg)
@@ -368,7 +395,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig, cross: bool = True):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg)
+        self.self_attn = make_self_attention(cfg)
         self.cross_attn = MultiHeadAttention(cfg) if cross else None
         self.ffn = FeedForward(cfg)
         self.sub_self = Residual(cfg)
