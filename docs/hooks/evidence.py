@@ -47,6 +47,7 @@ VERDICT_ICON = {"confirmed": "✅", "nuanced": "⚖️", "refuted": "❌"}
 
 _registry: dict[str, dict] = {}
 _pages: dict[str, dict] = {}  # src_uri -> front matter of every question page
+_problems: list[str] = []  # evidence that could not be shown as current, reported again after the build
 
 
 def _fig_uri(proof_rel: str, file: str) -> str:
@@ -78,6 +79,7 @@ def on_files(files: Files, config) -> Files:
         files.append(File.generated(config, _fig_uri(proof_rel, svg.name), abs_src_path=str(svg)))
     # front matter of every page, for the ledger (the home page is rendered before the others)
     _pages.clear()
+    _problems.clear()
     for f in files.documentation_pages():
         _, meta = get_data(Path(f.abs_src_path).read_text(encoding="utf-8"))
         if meta.get("claims"):
@@ -117,7 +119,8 @@ def _evidence_card(page, proof_rel: str, test: str) -> str:
             "stale": "the proof or the shared model changed since this evidence was recorded",
             "failed": "the latest run of this proof FAILED",
         }[status]
-        log.warning(f"{page.file.src_uri}: evidence for {proof_rel}::{test} is {status}: {why}. Run `{cmd}`.")
+        _problems.append(f"{page.file.src_uri}: evidence for {proof_rel}::{test} is {status}: {why}. Run `{cmd}`.")
+        log.warning(_problems[-1])
         return (
             f'\n!!! failure "Evidence {status}: {test}"\n    {why.capitalize()}, so no numbers are shown. '
             f"Run `{cmd}` (or `make proofs`) and rebuild.\n"
@@ -246,9 +249,16 @@ def on_page_markdown(markdown: str, page, config, files):
         found = [x for x in (doc or {}).get("measurements", []) if x["name"] == m["name"]]
         if status != "current" or not found:
             why = status if status != "current" else f"no measurement named {m['name']!r}"
-            log.warning(f"{where}: inline value {m['test']} / {m['name']} is unavailable ({why}).")
+            _problems.append(f"{where}: inline value {m['test']} / {m['name']} is unavailable ({why}).")
+            log.warning(_problems[-1])
             return f'<span class="value value--missing">[{why}]</span>'
         return f'<span class="value" title="measured by {m["test"]}">{html.escape(E.fmt(found[0]["value"]))}</span>'
 
     markdown = VALUE_MARK.sub(value, markdown)
     return EVIDENCE_MARK.sub(card, markdown)
+
+
+def on_post_build(config):
+    # --strict counts warnings only when they are logged (`mkdocs build -q` hides them): fail here as well.
+    if config.get("strict") and _problems:
+        raise PluginError(f"{len(_problems)} evidence problem(s); run the proofs (`make proofs`):\n" + "\n".join(_problems))

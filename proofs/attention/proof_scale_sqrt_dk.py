@@ -102,7 +102,11 @@ def layer_query_variance(seed: int, layer: int, **switches) -> float:
     model = EncoderTagger(cfg).eval()
     seen = {}
     attn = model.encoder.layers[layer].self_attn
-    hook = attn.register_forward_hook(lambda m, inp, out: seen.setdefault("x", inp[0]))
+
+    def keep_input(module, inputs, output):  # returns None: the forward is left unchanged
+        seen["x"] = inputs[0]
+
+    hook = attn.register_forward_hook(keep_input)
     ids = torch.randint(0, 64, (32, 16))
     with torch.no_grad():
         model(ids)

@@ -1,0 +1,136 @@
+"""The site: a strict build, then a real headless Chromium (Debian's package, driven by Playwright).
+
+Math must be rendered, evidence cards must show numbers, search must find pages by English and Chinese
+terms, the console must stay clean, and no request may leave 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.pages import ROOT, question_pages
+
+CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout}\n{r.stderr}"
+    return out
+
+
+def test_strict_build_renders_every_question_page(site):
+    for page in question_pages():
+        html = (site / page.removesuffix(".md") / "index.html").read_text(encoding="utf-8")
+        assert 'class="evidence"' in html, f"{page}: no evidence card"
+        assert "<!-- evidence" not in html and "<!-- value" not in html, f"{page}: unrendered marker"
+        assert 'class="claims"' in html, f"{page}: no claims table"
+
+
+def test_proof_code_is_included_from_the_file_not_pasted(site):
+    """Every page's python code blocks that come from a proof contain that proof's source lines."""
+    for page, meta in question_pages().items():
+        md = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        assert "--8<--" in md, f"{page}: includes no proof code"
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.RequestHandlerClass.log_message = lambda *a: None
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: install Debian's `chromium` (make test does).")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-quic"],
+        )
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    """A page that records console errors and every request, and blocks anything not on 127.0.0.1."""
+    ctx = browser.new_context()
+    pg = ctx.new_page()
+    pg.errors, pg.requests = [], []
+    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+
+    def route(r):
+        pg.requests.append(r.request.url)
+        host = urlparse(r.request.url).hostname
+        return r.continue_() if host == "127.0.0.1" or r.request.url.startswith("data:") else r.abort()
+
+    ctx.route("**/*", route)
+    yield pg
+    ctx.close()
+    outside = [u for u in pg.requests if urlparse(u).hostname not in ("127.0.0.1", None)]
+    assert not outside, f"requests left the machine: {outside}"
+    assert not pg.errors, f"console errors: {pg.errors}"
+
+
+def test_question_page_renders_math_and_evidence(page, server):
+    page.goto(f"{server}/attention/why-scale-sqrt-dk/")
+    page.wait_for_selector(".arithmatex .katex", timeout=10_000)
+    leftovers = page.eval_on_selector_all(".arithmatex", "els => els.filter(e => !e.querySelector('.katex')).length")
+    assert leftovers == 0, "some math was not rendered by KaTeX"
+    body = page.inner_text("article")
+    assert "$$" not in body and "\\(" not in body
+    nums = page.eval_on_selector_all(".evidence td.num", "els => els.map(e => e.innerText.trim())")
+    assert len(nums) >= 5 and all(nums), "evidence cards show no numbers"
+    assert page.locator(".evidence").count() >= 5
+    ok = page.eval_on_selector_all(".evidence figure img", "els => els.map(e => e.complete && e.naturalWidth > 0)")
+    assert ok and all(ok), "an evidence figure did not load"
+    assert page.locator("table.claims .verdict").count() >= 5
+    # code copy button from mkdocs-material on the included proof code
+    assert page.locator("pre code").count() >= 3
+
+
+def _search(page, server, term: str) -> list[str]:
+    page.goto(f"{server}/")
+    page.click("label[for='__search']")
+    page.fill("input.md-search__input", term)
+    page.wait_for_selector(".md-search-result__item", timeout=15_000)
+    return page.eval_on_selector_all(".md-search-result__link", "els => els.map(e => e.getAttribute('href'))")
+
+
+@pytest.mark.parametrize("term", ["LayerNorm", "层归一化"])
+def test_search_finds_the_layernorm_page(page, server, term):
+    hrefs = _search(page, server, term)
+    assert any("layernorm-vs-batchnorm" in h for h in hrefs), f"search for {term!r} returned {hrefs}"
+
+
+def test_home_page_ledger_links_every_settled_claim(page, server):
+    page.goto(f"{server}/")
+    ledger = page.inner_text("article")
+    for meta in question_pages().values():
+        for cid in meta["claims"]:
+            assert cid in ledger
+    assert page.locator("article .verdict--confirmed").count() >= 1
