@@ -11,7 +11,9 @@ and places markers in its body:
     <!-- evidence: test_name -->    the evidence card of one proof test (numbers, figure, provenance)
     <!-- value: test_name / name --> one measured value inline in the prose (never typed by hand)
 
-The home page's `<!-- ledger -->` becomes the ledger of every claim in proofs/claims.yml.
+The home page's `<!-- ledger -->` becomes the ledger of every claim in proofs/claims.yml; the study
+pages' `<!-- cheatsheet -->` and `<!-- flashcards -->` collect every question page's 30-second answer
+and interviewer follow-ups.
 KaTeX comes from the npm registry at set-up (build/npm) and is added to the site here.
 
 Evidence that is missing, failed, or whose fingerprint no longer matches the proof's code
@@ -47,6 +49,7 @@ VERDICT_ICON = {"confirmed": "✅", "nuanced": "⚖️", "refuted": "❌"}
 
 _registry: dict[str, dict] = {}
 _pages: dict[str, dict] = {}  # src_uri -> front matter of every question page
+_bodies: dict[str, str] = {}  # src_uri -> Markdown body of every question page (for the study pages)
 _problems: list[str] = []  # evidence that could not be shown as current, reported again after the build
 
 
@@ -79,11 +82,13 @@ def on_files(files: Files, config) -> Files:
         files.append(File.generated(config, _fig_uri(proof_rel, svg.name), abs_src_path=str(svg)))
     # front matter of every page, for the ledger (the home page is rendered before the others)
     _pages.clear()
+    _bodies.clear()
     _problems.clear()
     for f in files.documentation_pages():
-        _, meta = get_data(Path(f.abs_src_path).read_text(encoding="utf-8"))
+        body, meta = get_data(Path(f.abs_src_path).read_text(encoding="utf-8"))
         if meta.get("claims"):
             _pages[f.src_uri] = meta
+            _bodies[f.src_uri] = body
     return files
 
 
@@ -106,7 +111,13 @@ def _status(doc: dict | None, proof_rel: str) -> str:
 
 
 def _rel(page, target_uri: str) -> str:
+    """For Markdown links: relative to the source file (MkDocs rewrites them for the built page)."""
     return posixpath.relpath(target_uri, posixpath.dirname(page.file.src_uri) or ".")
+
+
+def _url(page, target_uri: str) -> str:
+    """For raw HTML (never rewritten by MkDocs): relative to the built page's own URL."""
+    return posixpath.relpath(target_uri, page.url.rstrip("/") or ".") if page.url else target_uri
 
 
 def _evidence_card(page, proof_rel: str, test: str) -> str:
@@ -133,7 +144,7 @@ def _evidence_card(page, proof_rel: str, test: str) -> str:
         for m in doc["measurements"]
     )
     figs = "".join(
-        f'<figure><img src="{_rel(page, _fig_uri(proof_rel, f["file"]))}" alt="{html.escape(f["caption"])}" loading="lazy">'
+        f'<figure><img src="{_url(page, _fig_uri(proof_rel, f["file"]))}" alt="{html.escape(f["caption"])}" loading="lazy">'
         f"<figcaption>{html.escape(f['caption'])}</figcaption></figure>"
         for f in doc["figures"]
     )
@@ -216,10 +227,63 @@ def _ledger(page) -> str:
     return head + "\n".join(out) + "\n"
 
 
+# ----------------------------------------------------------------------------------------------
+# Study pages: built from the question pages themselves, so they cannot drift from them
+# ----------------------------------------------------------------------------------------------
+
+THIRTY = re.compile(r'^!!! abstract "The 30-second answer"\n((?:    .*\n|\s*\n)+)', re.M)
+FOLLOW_UP = re.compile(r'^\?\?\? question "(?P<q>[^"]+)"\n(?P<a>(?:    .*\n|[ \t]*\n)+)', re.M)
+
+
+AREA_TITLES = {"attention": "Attention", "normalisation": "Normalisation and residuals",
+               "positions": "Embeddings and positions", "relative": "Relative positions", "training": "Training"}
+
+
+def _by_area() -> dict[str, list[str]]:
+    areas: dict[str, list[str]] = {}
+    for uri in sorted(_pages):
+        areas.setdefault(uri.split("/")[0], []).append(uri)
+    return areas
+
+
+def _dedent(block: str) -> str:
+    lines = [ln[4:] if ln.startswith("    ") else ln.strip() for ln in block.rstrip().splitlines()]
+    return "\n".join(ln for ln in lines if not ln.startswith("<div") and ln != "</div>").strip()
+
+
+def _cheatsheet(page) -> str:
+    out = []
+    for area, uris in _by_area().items():
+        out.append(f"\n## {AREA_TITLES.get(area, area.capitalize())}\n")
+        for uri in uris:
+            meta, m = _pages[uri], THIRTY.search(_bodies[uri])
+            verdicts = ", ".join(f"<code>{c}</code> {_badge(v)}" for c, v in meta["claims"].items())
+            out.append(f"### [{meta.get('title', uri)}]({_rel(page, uri)})\n")
+            out.append((_dedent(m[1]) if m else "*(this page has no 30-second answer yet)*") + "\n")
+            out.append(f'<p class="cheat__verdicts">{verdicts}</p>\n')
+    return "\n".join(out)
+
+
+def _flashcards(page) -> str:
+    out = []
+    for area, uris in _by_area().items():
+        out.append(f"\n## {AREA_TITLES.get(area, area.capitalize())}\n")
+        for uri in uris:
+            title = _pages[uri].get("title", uri)
+            for m in FOLLOW_UP.finditer(_bodies[uri]):
+                answer = "\n".join("    " + ln if ln.strip() else "" for ln in _dedent(m["a"]).splitlines())
+                out.append(f'??? question "{m["q"]}"\n{answer}\n\n    *From [{title}]({_rel(page, uri)}).*\n')
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown: str, page, config, files):
     meta = page.meta
     if "<!-- ledger -->" in markdown:
         markdown = markdown.replace("<!-- ledger -->", _ledger(page))
+    if "<!-- cheatsheet -->" in markdown:
+        markdown = markdown.replace("<!-- cheatsheet -->", _cheatsheet(page))
+    if "<!-- flashcards -->" in markdown:
+        markdown = markdown.replace("<!-- flashcards -->", _flashcards(page))
     if not meta.get("claims"):
         return markdown
     where = page.file.src_uri
