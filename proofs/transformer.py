@@ -112,6 +112,8 @@ class TransformerConfig:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"TransformerConfig.{name}={getattr(self, name)} must be a positive integer.")
+        if int(self.rel_clip) < 0:
+            raise ConfigError(f"TransformerConfig.rel_clip={self.rel_clip} must be >= 0: offsets are clipped to [-k, k].")
         if self.d_model % self.n_heads:
             fits = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             raise ConfigError(
@@ -122,6 +124,8 @@ class TransformerConfig:
             p = getattr(self, name)
             if not 0.0 <= p < 1.0:
                 raise ConfigError(f"TransformerConfig.{name}={p} must be a probability in [0, 1).")
+        if int(self.mem_len) < 0:
+            raise ConfigError(f"TransformerConfig.mem_len={self.mem_len} must be >= 0 (0 = no segment memory).")
         if self.tie_embeddings == "all" and self.src_vocab_size not in (None, self.vocab_size):
             raise ConfigError(
                 f"tie_embeddings='all' shares one matrix between encoder and decoder, but src_vocab_size="
@@ -303,18 +307,129 @@ def record_attention(model: nn.Module) -> Iterator[list[MultiHeadAttention]]:
             m.record = False
 
 
+# --8<-- [start:shaw]
 class ShawAttention(MultiHeadAttention):
-    """Shaw et al. (2018) relative position representations: see issue 4 (being implemented)."""
+    """Shaw et al. (2018) relative position representations, as a new `score` and `mix`.
+
+        e_ij   = q_i · (k_j + a^K_ij) / sqrt(d_k)         logits (the scale is attn_scale's; mask, softmax -> α_ij)
+        z_i    = Σ_j α_ij (v_j + a^V_ij)                  outputs (a^V only if cfg.rel_on_values)
+        a^K_ij = w^K[clip(j - i, -k, k) + k]              one row of a (2k+1, hs) table, k = cfg.rel_clip
+
+    The 2k+1 rows serve every length. No (Tq, Tk, hs) tensor is built: for keys,
+    q_i is dotted with the 2k+1 rows once and the result is picked per (i, j) by
+    offset; for values, α_ij is summed into its offset's bucket, then the buckets
+    meet the table. Memory stays that of the (Tq, Tk) score matrix.
+    """
 
     def __init__(self, cfg: TransformerConfig):
-        raise NotImplementedError("positions='shaw' is not implemented yet")
+        super().__init__(cfg)
+        k, hs = cfg.rel_clip, self.d_head
+        rows = (self.n_heads if cfg.rel_per_head else 1, 2 * k + 1, hs)  # (nh or 1, 2k+1, hs)
+        # N(0, 1): the scale of the k_j and v_j components they are added to at initialisation
+        self.rel_k = nn.Parameter(torch.randn(rows))  # w^K
+        self.rel_v = nn.Parameter(torch.randn(rows)) if cfg.rel_on_values else None  # w^V
+
+    def rel_index(self, t_q: int, t_k: int, device=None) -> Tensor:
+        """(Tq, Tk) long: table row clip(j - i, -k, k) + k of each pair (queries aligned at the end, as causal_mask)."""
+        k = self.cfg.rel_clip
+        i = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
+        j = torch.arange(t_k, device=device)[None, :]
+        return (j - i).clamp(-k, k) + k
+
+    def score(self, q: Tensor, k: Tensor) -> Tensor:
+        B, nh, Tq, hs = q.shape
+        idx = self.rel_index(Tq, k.shape[2], q.device).expand(B, nh, -1, -1)  # (B, nh, Tq, Tk)
+        content = q @ k.transpose(-2, -1)  # (B, nh, Tq, Tk): q_i · k_j
+        q_rows = q @ self.rel_k.transpose(-2, -1)  # (B, nh, Tq, 2k+1): q_i · w^K_r for every row r
+        position = q_rows.gather(-1, idx)  # (B, nh, Tq, Tk): q_i · a^K_ij
+        return (content + position) * self.scale
+
+    def mix(self, attn: Tensor, v: Tensor) -> Tensor:
+        y = attn @ v  # (B, nh, Tq, hs): Σ_j α_ij v_j
+        if self.rel_v is None:
+            return y
+        B, nh, Tq, Tk = attn.shape
+        idx = self.rel_index(Tq, Tk, attn.device).expand(B, nh, -1, -1)  # (B, nh, Tq, Tk)
+        buckets = attn.new_zeros(B, nh, Tq, self.rel_v.shape[1]).scatter_add(-1, idx, attn)  # (B, nh, Tq, 2k+1)
+        return y + buckets @ self.rel_v  # Σ_r (Σ_{j: row r} α_ij) w^V_r = Σ_j α_ij a^V_ij
+# --8<-- [end:shaw]
+
+
+# --8<-- [start:xl]
+def rel_shift(x: Tensor, t_k: int) -> Tensor:
+    """(..., Tq, Tk+Tq-1) scores per distance -> (..., Tq, Tk) scores per key, by pad-and-reshape.
+
+    Column c of x holds distance Tk-1-c (from Tk-1 down to -(Tq-1)). Query i (at position
+    Tk-Tq+i) needs the window of columns starting at Tq-1-i. Put a zero column in front,
+    read the rows as one flat line, drop its first Tq entries and read it back as rows of
+    Tk+Tq-1: row i has moved left by exactly Tq-1-i. Every entry is exact, none is garbage.
+    """
+    *lead, t_q, n = x.shape
+    flat = F.pad(x, (1, 0)).reshape(*lead, t_q * (n + 1))  # (..., Tq*(Tk+Tq)): zero column in front
+    return flat[..., t_q:].reshape(*lead, t_q, n)[..., :t_k]  # (..., Tq, Tk)
 
 
 class XLAttention(MultiHeadAttention):
-    """Transformer-XL (Dai et al. 2019) relative attention with segment memory: being implemented."""
+    """Transformer-XL (Dai et al. 2019) relative attention: a new `score`, the rest inherited.
+
+    Queries are aligned at the end of the keys (as in causal_mask): with M cached states in
+    front of the segment, query i sits at position M+i and key j at position j. Then
+
+        A_ij = q_i·k_j + q_i·r_{i-j} + u·k_j + v·r_{i-j}    (a) + (b) + (c) + (d), times the scale
+        q_i = W_q x_i    k_j = W_kE x_j (the usual w_k)    r_{i-j} = W_kR R_{i-j} (w_r, no bias)
+
+    (a) content addressing, (b) content-dependent position bias, (c) global content bias,
+    (d) global position bias. R_d is a sinusoid of the distance d = i - j (the layout of
+    sinusoidal_table; nothing learned, any distance), and the per-head vectors u and v take
+    the place of the query's absolute position. The token embeddings carry no position.
+    (a)+(c) = (q_i + u)·k_j is one matmul; (b)+(d) = (q_i + v)·r_d is one matmul over the
+    Tk+Tq-1 distances, moved onto the (Tq, Tk) grid by rel_shift. `score_terms` computes
+    the four terms one at a time, pair by pair, for the proofs.
+    """
 
     def __init__(self, cfg: TransformerConfig):
-        raise NotImplementedError("positions='xl' is not implemented yet")
+        super().__init__(cfg)
+        nh, hs = self.n_heads, self.d_head
+        self.w_r = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_kR: keys of positions, apart from W_kE
+        # N(0, 0.02) as in the authors' code; the models' _init_linear redraws them Xavier like every 2-D weight
+        self.u = nn.Parameter(torch.randn(nh, hs) * 0.02)  # (nh, hs) global content bias, term (c)
+        self.v = nn.Parameter(torch.randn(nh, hs) * 0.02)  # (nh, hs) global position bias, term (d)
+
+    def sinusoids(self, dist: Tensor) -> Tensor:
+        """(...) integer distances -> (..., C) R_dist: sin at even, cos at odd channels, as sinusoidal_table."""
+        C = self.cfg.d_model
+        inv_freq = 10000.0 ** (-torch.arange(0, C, 2, dtype=torch.float64, device=dist.device) / C)  # (C/2,)
+        angle = dist.to(torch.float64)[..., None] * inv_freq  # (..., C/2)
+        return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)[..., :C].to(self.w_r.weight.dtype)
+
+    def relative_keys(self, dist: Tensor) -> Tensor:
+        """(...) distances -> (nh, ..., hs): r = W_kR R_dist, split into heads."""
+        r = self.w_r(self.sinusoids(dist))  # (..., C)
+        return r.view(*dist.shape, self.n_heads, self.d_head).movedim(-2, 0)  # (nh, ..., hs)
+
+    def score(self, q: Tensor, k: Tensor) -> Tensor:
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        dist = torch.arange(t_k - 1, -t_q, -1, device=q.device)  # (Tk+Tq-1,) every i-j: Tk-1 down to -(Tq-1)
+        r = self.relative_keys(dist)  # (nh, Tk+Tq-1, hs)
+        ac = (q + self.u[:, None]) @ k.transpose(-2, -1)  # (B, nh, Tq, Tk): (a) + (c)
+        bd = (q + self.v[:, None]) @ r.transpose(-2, -1)  # (B, nh, Tq, Tk+Tq-1): (b) + (d), per distance
+        return (ac + rel_shift(bd, t_k)) * self.scale  # (B, nh, Tq, Tk)
+
+    def score_terms(self, q: Tensor, k: Tensor) -> dict[str, Tensor]:
+        """The four terms, each (B, nh, Tq, Tk) and scaled, built pair by pair (no shift): they sum to score(q, k)."""
+        B, nh, t_q, hs = q.shape
+        t_k = k.shape[-2]
+        i = torch.arange(t_q, device=q.device)[:, None] + (t_k - t_q)  # (Tq, 1) query positions
+        j = torch.arange(t_k, device=q.device)[None, :]  # (1, Tk) key positions
+        r = self.relative_keys(i - j)  # (nh, Tq, Tk, hs): r_{i-j} for every pair
+        full = (B, nh, t_q, t_k)
+        return {
+            "a": (q @ k.transpose(-2, -1)) * self.scale,  # q_i·k_j
+            "b": torch.einsum("bhid,hijd->bhij", q, r) * self.scale,  # q_i·r_{i-j}
+            "c": (self.u[:, None] @ k.transpose(-2, -1)).expand(full) * self.scale,  # u·k_j
+            "d": torch.einsum("hd,hijd->hij", self.v, r).expand(full) * self.scale,  # v·r_{i-j}
+        }
+# --8<-- [end:xl]
 
 
 # ----------------------------------------------------------------------------
@@ -408,13 +523,27 @@ class DecoderLayer(nn.Module):
         memory: Optional[Tensor] = None,
         tgt_padding_mask: Optional[Tensor] = None,
         memory_padding_mask: Optional[Tensor] = None,
+        mem: Optional[Tensor] = None,
     ) -> Tensor:
-        x = self.sub_self(x, lambda h: self.self_attn(h, causal=True, key_padding_mask=tgt_padding_mask))
+        """memory: the encoder output (cross-attention). mem: (B, M, C) this layer's inputs over earlier
+        segments (Transformer-XL recurrence), extra keys and values in front of x; queries come from x only."""
+        x = self.sub_self(x, lambda h: self.self_attend(h, mem, tgt_padding_mask))
         if self.cross_attn is not None:
             if memory is None:
                 raise ConfigError("this decoder layer has cross-attention: pass the encoder output as memory.")
             x = self.sub_cross(x, lambda h: self.cross_attn(h, memory, key_padding_mask=memory_padding_mask))
         return self.sub_ffn(x, self.ffn)
+
+    def self_attend(self, h: Tensor, mem: Optional[Tensor], padding_mask: Optional[Tensor]) -> Tensor:
+        """Causal self-attention of h (B, T, C) over [mem ∘ h] (B, M+T, C); mem=None or M=0: over h alone."""
+        if mem is None or mem.shape[1] == 0:
+            return self.self_attn(h, causal=True, key_padding_mask=padding_mask)
+        if self.sub_self.cfg.norm_position == "pre":
+            mem = self.sub_self.norm(mem)  # Pre-LN: the cached inputs pass the same norm as h did
+        kv = torch.cat([mem, h], dim=1)  # (B, M+T, C): keys/values from [SG(memory) ∘ h]
+        if padding_mask is not None:  # (B, T) -> (B, M+T): cached states are never padding
+            padding_mask = torch.cat([padding_mask.new_zeros(h.shape[0], mem.shape[1]), padding_mask], dim=1)
+        return self.self_attn(h, kv, causal=True, key_padding_mask=padding_mask)  # causal_mask aligns h at the end
 
 
 # ----------------------------------------------------------------------------
@@ -486,14 +615,41 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, cfg: TransformerConfig, cross: bool = True):
         super().__init__()
+        self.cfg = cfg
         n = cfg.n_dec_layers or cfg.n_layers
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross) for _ in range(n))
         self.final_norm = make_norm(cfg) if cfg.norm_position == "pre" else nn.Identity()
 
-    def forward(self, x, memory=None, tgt_padding_mask=None, memory_padding_mask=None) -> Tensor:
-        for layer in self.layers:
-            x = layer(x, memory, tgt_padding_mask, memory_padding_mask)
-        return self.final_norm(x)
+    def forward(self, x, memory=None, tgt_padding_mask=None, memory_padding_mask=None, mems=None) -> Tensor:
+        return self.forward_with_memory(x, mems, None, memory, tgt_padding_mask, memory_padding_mask)[0]
+
+    def forward_with_memory(
+        self, x, mems=None, mem_len=None, memory=None, tgt_padding_mask=None, memory_padding_mask=None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Transformer-XL segment recurrence: the output and the mems for the next segment.
+
+        mems: None or one (B, M, C) tensor per layer, that layer's inputs over earlier segments.
+        New mems: each layer's input appended to its old memory, cut to the last mem_len positions
+        (default cfg.mem_len; a larger value at evaluation lets the memory grow) and detached:
+        the next segment reads them, but no gradient flows back into this one.
+        """
+        mem_len = self.cfg.mem_len if mem_len is None else mem_len
+        if mem_len < 0:
+            raise ConfigError(f"mem_len={mem_len} must be >= 0 (0 keeps no memory).")
+        if mems is not None and (len(mems) != len(self.layers) or any(
+                m.dim() != 3 or m.shape[0] != x.shape[0] or m.shape[2] != x.shape[2] for m in mems)):
+            raise ConfigError(
+                f"mems must hold one (batch={x.shape[0]}, M, d_model={x.shape[2]}) tensor per layer ({len(self.layers)}), "
+                f"got {[tuple(m.shape) for m in mems]}; pass the new_mems the previous segment returned."
+            )
+        # --8<-- [start:xl_recurrence]
+        new_mems = []
+        for layer, mem in zip(self.layers, mems or [None] * len(self.layers)):
+            states = x if mem is None else torch.cat([mem, x], dim=1)  # (B, M+T, C) this layer's inputs so far
+            new_mems.append(states[:, max(states.shape[1] - mem_len, 0):].detach())  # (B, ≤mem_len, C), SG
+            x = layer(x, memory, tgt_padding_mask, memory_padding_mask, mem)  # keys/values over [mem ∘ x]
+        return self.final_norm(x), new_mems
+        # --8<-- [end:xl_recurrence]
 
 
 class _Head(nn.Module):
@@ -545,8 +701,15 @@ class DecoderLM(nn.Module):
         self.head = _Head(cfg, cfg.vocab_size, self.embed.tok if tie else None)
         _init_linear(self)
 
-    def forward(self, ids: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
-        return self.head(self.decoder(self.embed(ids), tgt_padding_mask=padding_mask))  # (B, T, V)
+    def forward(self, ids: Tensor, padding_mask: Optional[Tensor] = None, mems: Optional[list] = None) -> Tensor:
+        return self.head(self.decoder(self.embed(ids), tgt_padding_mask=padding_mask, mems=mems))  # (B, T, V)
+
+    def forward_with_memory(
+        self, ids: Tensor, mems: Optional[list] = None, mem_len: Optional[int] = None, padding_mask=None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """One segment of a longer text: (B, T, V) logits and the detached mems for the next (see Decoder)."""
+        h, new_mems = self.decoder.forward_with_memory(self.embed(ids), mems, mem_len, tgt_padding_mask=padding_mask)
+        return self.head(h), new_mems
 
 
 class EncoderDecoder(nn.Module):

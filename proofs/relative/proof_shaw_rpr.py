@@ -1,0 +1,410 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # What are relative position representations?
+#
+# Proofs for the page `docs/relative/rpr.md`. Every function below builds on the
+# shared module (`proofs/transformer.py`) and flips one switch: `positions`
+# ("shaw" against "sinusoidal", "learned" or "none") or `rel_clip` (the clipping
+# distance k). Run it with `pytest proofs/relative/proof_shaw_rpr.py`, or open it
+# as a notebook with `jupytext --to notebook proofs/relative/proof_shaw_rpr.py`.
+
+# %%
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from proofs.tasks import PAD, previous_token_task, random_tokens
+from proofs.train import accuracy, fixed_batches, train
+from proofs.transformer import (
+    ConfigError,
+    EncoderTagger,
+    MultiHeadAttention,
+    ShawAttention,
+    TransformerConfig,
+    record_attention,
+)
+
+K = 4  # clipping distance of the trained models: below the training length, so every table row gets trained
+TRAIN_LEN = 8  # length of every training sequence
+TEST_LENS = (8, 16, 24, 32)  # 1x to 4x the training length
+
+
+def tiny(positions: str, **switches) -> TransformerConfig:
+    """The small encoder every measurement uses; only `positions` and the given switches change."""
+    base = TransformerConfig(vocab_size=16, d_model=32, n_heads=2, d_ff=64, n_layers=1, rel_clip=K,
+                             dropout_emb=0.0, dropout_residual=0.0)
+    return base.replace(positions=positions, **switches)
+
+
+# %% [markdown]
+# ## 1. Only offsets enter: move a sentence inside a padded context
+#
+# The same ten tokens sit first in a 16-slot context (right padding) or six slots
+# later (left padding); the padding is masked. With Shaw attention every score
+# depends on the tokens and on j − i, which the move leaves alone, so the real
+# tokens' outputs cannot change. With absolute positions every token gets a new
+# position vector.
+
+# %%
+# --8<-- [start:shift]
+def shift_change(positions: str, seed: int, n: int = 10, context: int = 16, shift: int = 6) -> float:
+    """Largest change of a real token's logits when the sentence moves `shift` slots right (fp64, 2 layers)."""
+    torch.manual_seed(seed)
+    model = EncoderTagger(tiny(positions, n_layers=2)).double().eval()
+    tokens = random_tokens(torch.Generator().manual_seed(seed), 1, n, 16)  # (1, n), never PAD
+    out = []
+    for start in (0, shift):
+        ids = torch.full((1, context), PAD)
+        ids[:, start:start + n] = tokens
+        with torch.no_grad():
+            out.append(model(ids, key_padding_mask=ids == PAD)[:, start:start + n])  # (1, n, V)
+    return (out[0] - out[1]).abs().max().item()
+# --8<-- [end:shift]
+
+
+def zero_tables_match_plain_attention(seed: int) -> float:
+    """Largest gap between ShawAttention with zeroed tables and MultiHeadAttention with the same weights."""
+    torch.manual_seed(seed)
+    shaw = ShawAttention(tiny("shaw")).double().eval()
+    plain = MultiHeadAttention(tiny("sinusoidal", fast_path=False)).double().eval()
+    plain.load_state_dict({k: v for k, v in shaw.state_dict().items() if not k.startswith("rel_")})
+    with torch.no_grad():
+        shaw.rel_k.zero_()
+        shaw.rel_v.zero_()
+        x = torch.randn(3, 11, 32, dtype=torch.float64)
+        return (shaw(x, causal=True) - plain(x, causal=True)).abs().max().item()
+
+
+# %% [markdown]
+# ## 2. Train short, test long
+#
+# One layer learns the previous-token task (the target at t is the input at t − 1,
+# a pure relative-offset rule that needs direction) on sequences of length 8, then
+# is tested at 8, 16, 24 and 32. Same seeds, same batches, same budget for every
+# arm; only `positions` changes. A learned table of 8 rows has no row for
+# position 8: that arm cannot even run at 16 (no training needed to see it).
+
+# %%
+# --8<-- [start:lengths]
+@lru_cache(maxsize=None)
+def trained_tagger(positions: str, seed: int, steps: int = 300) -> EncoderTagger:
+    torch.manual_seed(seed)
+    model = EncoderTagger(tiny(positions))
+    train(model, fixed_batches(previous_token_task, 1000 + seed, batch=32, length=TRAIN_LEN, vocab=16), steps, lr=2e-3)
+    return model
+
+
+def length_accuracy(positions: str, seed: int) -> dict[int, float]:
+    """Previous-token accuracy at each test length of the model trained on length 8."""
+    model, out = trained_tagger(positions, seed), {}
+    for n in TEST_LENS:
+        x, y = previous_token_task(torch.Generator().manual_seed(10_000 + seed), 256, n, 16)
+        out[n] = accuracy(model, x, y)
+    return out
+
+
+def learned_table_runs(n: int) -> str:
+    """Whether a learned table of TRAIN_LEN rows can embed a sequence of length n."""
+    model = EncoderTagger(tiny("learned", max_len=TRAIN_LEN))
+    try:
+        model(torch.ones(1, n, dtype=torch.long))
+        return "runs"
+    except ConfigError:
+        return "ConfigError"
+# --8<-- [end:lengths]
+
+
+def untrained_rows(seed: int, k: int = 16) -> list[int]:
+    """Offsets whose w^K row gets no gradient from a batch of length TRAIN_LEN when k = 16."""
+    torch.manual_seed(seed)
+    model = EncoderTagger(tiny("shaw", rel_clip=k))
+    x, y = previous_token_task(torch.Generator().manual_seed(seed), 32, TRAIN_LEN, 16)
+    torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+    grad = model.encoder.layers[0].self_attn.rel_k.grad[0]  # (2k+1, hs)
+    return [r - k for r in range(2 * k + 1) if grad[r].abs().max() == 0]
+
+
+# %% [markdown]
+# ## 3. k = 0: one vector for every offset
+#
+# With k = 0 every offset is clipped to 0. The key term q_i·w^K_0 is the same for
+# every key j, so the softmax ignores it; the value term adds Σ_j α_ij w^V_0 = w^V_0,
+# a constant. Nothing depends on order any more: permuting the input must permute
+# the output, exactly.
+
+# %%
+# --8<-- [start:permute]
+def permutation_gap(positions: str, seed: int, rel_clip: int = K) -> float:
+    """max |f(P x) − P f(x)| over the logits, for a random permutation P (fp64, 2 layers)."""
+    torch.manual_seed(seed)
+    model = EncoderTagger(tiny(positions, rel_clip=rel_clip, n_layers=2)).double().eval()
+    g = torch.Generator().manual_seed(seed)
+    ids = random_tokens(g, 4, 12, 16)  # (4, 12)
+    perm = torch.randperm(12, generator=g)
+    with torch.no_grad():
+        return (model(ids[:, perm]) - model(ids)[:, perm]).abs().max().item()
+# --8<-- [end:permute]
+
+
+# %% [markdown]
+# ## 4. Does position information fade through the layers?
+#
+# A linear probe (least squares from a layer's hidden state to a one-hot position,
+# then argmax) reads the absolute position of each token at every depth of a
+# 4-layer encoder at initialisation: 256 random sequences of length 12, the probe
+# fitted on 192 and scored on the other 64. Chance is 1/12. A second measure looks
+# at the attention itself: the share of the variance of the attention weights that
+# the cell (i, j) explains on its own, across sequences (1 = attention set by
+# position alone, 0 = by content alone).
+
+# %%
+# --8<-- [start:probe]
+def layer_states(model: EncoderTagger, ids: torch.Tensor) -> list[torch.Tensor]:
+    """[embedding output, layer 1 output, ..., layer N output], each (B, T, C)."""
+    states = [model.embed(ids)]
+    for layer in model.encoder.layers:
+        states.append(layer(states[-1]))
+    return states
+
+
+def position_probe(h: torch.Tensor, n_fit: int) -> torch.Tensor:
+    """Held-out accuracy, per position, of a least-squares probe from h (B, T, C) to the one-hot position."""
+    B, T, C = h.shape
+    X = torch.cat([h.double(), torch.ones(B, T, 1, dtype=torch.float64)], -1)  # (B, T, C+1) with a bias column
+    Y = torch.eye(T, dtype=torch.float64).expand(B, T, T)  # (B, T, T) one-hot positions
+    W = torch.linalg.lstsq(X[:n_fit].reshape(-1, C + 1), Y[:n_fit].reshape(-1, T), driver="gelsd").solution
+    return ((X[n_fit:] @ W).argmax(-1) == torch.arange(T)).double().mean(0)  # (T,)
+
+
+def depth_profile(positions: str, seed: int, n_layers: int = 4, T: int = 12) -> dict:
+    torch.manual_seed(seed)
+    model = EncoderTagger(tiny(positions, n_layers=n_layers)).eval()
+    ids = random_tokens(torch.Generator().manual_seed(5 + seed), 256, T, 16)
+    with torch.no_grad(), record_attention(model) as attns:
+        states = layer_states(model, ids)
+        model(ids)
+        by_cell = [(a.weights.mean(0).var() / a.weights.var()).item() for a in attns]  # per layer
+        w_q = model.encoder.layers[1].self_attn.w_q.weight.double()  # (C, C), invertible
+        mapped = position_probe(states[1].double() @ w_q.T, 192).mean().item()
+    probes = [position_probe(h, 192) for h in states]
+    return {
+        "probe": [p.mean().item() for p in probes],  # accuracy at depth 0 (embeddings) .. n_layers
+        "probe_mapped": mapped,  # depth 1 again, after the linear map W_Q of layer 2
+        "edges_last": torch.cat([probes[-1][:K], probes[-1][-K:]]).mean().item(),  # the K outermost on each side
+        "middle_last": probes[-1][K:-K].mean().item(),
+        "attention_by_cell": by_cell,
+    }
+# --8<-- [end:probe]
+
+
+def trained_probe(positions: str, seed: int) -> list[float]:
+    """Probe accuracy at depth 0 and 1 of the one-layer model trained on the previous-token task (length 8)."""
+    model = trained_tagger(positions, seed).eval()
+    ids = random_tokens(torch.Generator().manual_seed(5 + seed), 256, TRAIN_LEN, 16)
+    with torch.no_grad():
+        return [position_probe(h, 192).mean().item() for h in layer_states(model, ids)]
+
+
+def attention_flops(T: int = 64, k: int = 16) -> dict[str, int]:
+    """Matrix-product FLOPs of one self-attention call (d_model 64, 4 heads), plain and Shaw."""
+    cfg = TransformerConfig(d_model=64, n_heads=4, rel_clip=k, fast_path=False)
+    out = {}
+    for name, attn in (("plain", MultiHeadAttention(cfg)), ("shaw", ShawAttention(cfg.replace(positions="shaw")))):
+        with FlopCounterMode(display=False) as fc, torch.no_grad():
+            attn(torch.randn(1, T, 64))
+        out[name] = fc.get_total_flops()
+    return out
+
+
+# %%
+if __name__ == "__main__":  # notebook / script: flip a switch above and rerun
+    print({p: shift_change(p, 0) for p in ("shaw", "sinusoidal", "learned")})
+    print({p: length_accuracy(p, 0) for p in ("shaw", "sinusoidal")}, learned_table_runs(16))
+    print({k: permutation_gap("shaw", 0, rel_clip=k) for k in (0, 1, 4)})
+    print({p: depth_profile(p, 0) for p in ("sinusoidal", "shaw", "none")})
+
+
+# %% [markdown]
+# ## Tests: each asserts the difference the switch makes
+
+# %%
+import pytest  # noqa: E402
+
+SEEDS = 3  # statistical claims run seed, seed + 1, seed + 2 and assert on the worst
+
+
+@pytest.mark.claim("C-RPR-1", "confirmed")
+def test_relative_terms_enter_scores_and_values(ev, seed):
+    """Shaw attention is plain attention plus two offset-indexed terms: zero them and it is plain attention; move
+    the sentence and nothing changes, while absolute positions change every output."""
+    gap = zero_tables_match_plain_attention(seed)
+    ev.record("max |Shaw with zero tables − plain attention|", gap, expect="0: the tables are the only change")
+    assert gap < 1e-12
+    change = {p: shift_change(p, seed) for p in ("shaw", "sinusoidal", "learned")}
+    ev.record("max logit change when the sentence moves 6 slots, Shaw", change["shaw"], expect="0 (rounding): offsets unchanged")
+    ev.record("same, sinusoidal absolute", change["sinusoidal"], expect="O(1): new position vectors")
+    ev.record("same, learned absolute", change["learned"], expect="O(1)")
+    assert change["shaw"] < 1e-12
+    assert min(change["sinusoidal"], change["learned"]) > 1e-2
+    attn = ShawAttention(TransformerConfig(d_model=512, n_heads=8, rel_clip=16))
+    ev.record("relative parameters per layer at the paper's base size (k=16, d_head=64)",
+              sum(p.numel() for p in attn.parameters() if p.dim() == 3), expect="2·(2k+1)·d_head = 4224")
+
+
+@pytest.mark.claim("C-RPR-2", "confirmed")
+def test_clipped_table_serves_any_length(ev, seed):
+    """Trained on length 8, Shaw attention (k=4) keeps the previous-token rule at 2x to 4x the length; sinusoidal
+    positions lose it and a learned table cannot run."""
+    seeds = range(seed, seed + SEEDS)
+    acc = {p: [length_accuracy(p, s) for s in seeds] for p in ("shaw", "sinusoidal")}
+    for n in TEST_LENS:
+        ev.record(f"accuracy at length {n}, Shaw k=4 (3 seeds)", [a[n] for a in acc["shaw"]], key=n in (8, 32),
+                  expect="stays at the trained level")
+        ev.record(f"accuracy at length {n}, sinusoidal (3 seeds)", [a[n] for a in acc["sinusoidal"]], key=n in (8, 32),
+                  expect="falls once positions are unseen")
+    learned = {n: learned_table_runs(n) for n in (TRAIN_LEN, 2 * TRAIN_LEN)}
+    ev.record("learned table (8 rows) at length 8", learned[TRAIN_LEN])
+    ev.record("learned table (8 rows) at length 16", learned[2 * TRAIN_LEN], expect="cannot run")
+    _plot_lengths(ev, acc)
+    assert min(a[n] for a in acc["shaw"] for n in TEST_LENS) > 0.95
+    assert min(a[32] for a in acc["shaw"]) - max(a[32] for a in acc["sinusoidal"]) > 0.4
+    assert learned == {TRAIN_LEN: "runs", 2 * TRAIN_LEN: "ConfigError"}
+    # the flip side: a row is trained only if training sequences contain its offset
+    never = untrained_rows(seed)
+    ev.record("offsets whose w^K row gets no gradient, k=16, length 8", f"|j−i| ≥ {min(abs(r) for r in never)}",
+              expect="|j−i| ≥ 8: longer than any training offset")
+    assert never == [r for r in range(-16, 17) if abs(r) >= TRAIN_LEN]
+
+
+@pytest.mark.claim("C-RPR-2", "confirmed")
+def test_clip_zero_removes_order(ev, seed):
+    """k = 0 maps every offset to one vector: the model becomes exactly permutation-equivariant, as with no positions."""
+    gaps = {k: permutation_gap("shaw", seed, rel_clip=k) for k in (0, 1, K)}
+    none = permutation_gap("none", seed)
+    ev.record("max |f(Px) − P f(x)|, Shaw k=0", gaps[0], expect="0 (rounding): order is invisible")
+    ev.record("same, no positions at all", none, expect="0 (rounding)")
+    ev.record("same, Shaw k=1", gaps[1], expect="O(1): order is visible")
+    ev.record("same, Shaw k=4", gaps[K], expect="O(1)")
+    assert max(gaps[0], none) < 1e-12
+    assert min(gaps[1], gaps[K]) > 1e-2
+
+
+@pytest.mark.claim("C-RPR-3", "nuanced")
+def test_position_information_through_depth(ev, seed):
+    """Absolute position becomes less linearly decodable with depth (at initialisation and after training), but stays
+    far above chance and an invertible linear map changes nothing; Shaw's hidden states start with none at all."""
+    seeds = range(seed, seed + SEEDS)
+    prof = {p: [depth_profile(p, s) for s in seeds] for p in ("sinusoidal", "shaw", "none")}
+    chance = 1 / 12
+    for p in prof:
+        for depth in range(5):
+            ev.record(f"position probe accuracy, {p}, depth {depth} (3 seeds)", [r["probe"][depth] for r in prof[p]],
+                      key=p != "none" and depth in (0, 4))
+    sin, shaw, none = prof["sinusoidal"], prof["shaw"], prof["none"]
+    ev.record("probe at depth 1 after layer 2's W_Q, sinusoidal (3 seeds)", [r["probe_mapped"] for r in sin],
+              expect="= depth 1: an invertible linear map loses nothing")
+    ev.record("Shaw, depth 4: probe accuracy on the 4 outermost positions each side (3 seeds)",
+              [r["edges_last"] for r in shaw], expect="high: the edges show")
+    ev.record("Shaw, depth 4: probe accuracy on the middle positions (3 seeds)", [r["middle_last"] for r in shaw],
+              expect="low")
+    for p in ("sinusoidal", "shaw"):
+        ev.record(f"share of attention variance set by the cell (i, j), {p}, layers 1–4 (seed {seed})",
+                  prof[p][0]["attention_by_cell"], key=False)
+    ev.record("same share in layer 4, sinusoidal (3 seeds)", [r["attention_by_cell"][-1] for r in sin])
+    ev.record("same share in layer 4, Shaw (3 seeds)", [r["attention_by_cell"][-1] for r in shaw])
+    _plot_depth(ev, prof)
+    trained = {p: [trained_probe(p, s) for s in seeds] for p in ("sinusoidal", "shaw")}
+    for p in trained:
+        ev.record(f"after training (1 layer, length 8): probe at depth 0 → 1, {p} (3 seeds)",
+                  [[round(a, 3) for a in r] for r in trained[p]], expect="chance is 1/8")
+    # sinusoidal: fully decodable at the input, much less at depth 4, never down to chance
+    assert min(r["probe"][0] for r in sin) > 0.95
+    assert max(r["probe"][4] - r["probe"][0] for r in sin) < -0.3
+    assert min(r["probe"][4] for r in sin) > 3 * chance
+    # the layers' linear maps are not what removes it: the probe reads W_Q h as well as h
+    assert max(abs(r["probe_mapped"] - r["probe"][1]) for r in sin) < 0.01
+    assert max(r[1] - r[0] for r in trained["sinusoidal"]) < -0.3  # after training too, one layer loses a lot
+    # Shaw: no absolute position at the input (like no positions at all); later only near the edges
+    assert max(r["probe"][0] for r in shaw + none) < 2 * chance and max(max(r["probe"]) for r in none) < 2 * chance
+    assert min(r["edges_last"] - r["middle_last"] for r in shaw) > 0.2
+    # ...while the offset term keeps setting Shaw's attention pattern in the deepest layer
+    assert min(r["attention_by_cell"][-1] for r in shaw) > 2 * max(r["attention_by_cell"][-1] for r in sin)
+
+
+def test_notes_snippet_does_not_run(ev, seed):
+    """The notes' snippet fails on its first lines; the batched product it then needs pairs the wrong axes."""
+    try:
+        eval("torch,arange(4)", {"torch": torch})  # the comma of the notes' first line: a tuple, then a bare name
+        first = "ran"
+    except NameError as e:
+        first = f"NameError: {e}"
+    ev.record("the notes' range line", first, expect="NameError: the comma makes `arange` a bare name")
+    ev.record("torch.Tensor has an `extend` method", hasattr(torch.Tensor, "extend"), expect="no: `expand` is meant")
+    T, d, BH = 5, 4, 6
+    q, table = torch.randn(BH, T, d), torch.randn(T, T, d)  # (B·nh, T, d) queries; (T, T, d) gathered a^K
+    try:
+        torch.bmm(q, table)
+        bmm = "ran"
+    except RuntimeError:
+        bmm = "RuntimeError"
+    ev.record("bmm of (B·nh, T, d) queries with the (T, T, d) table", bmm, expect="shape error")
+    # what is needed: per query position i, its B·nh query vectors against its own row of T key vectors
+    right = torch.bmm(q.transpose(0, 1), table.transpose(1, 2)).transpose(0, 1)  # (B·nh, T, T)
+    brute = torch.einsum("bid,ijd->bij", q, table)
+    ev.record("query-major bmm vs einsum, max gap", (right - brute).abs().max().item(), expect="0")
+    assert first.startswith("NameError") and not hasattr(torch.Tensor, "extend") and bmm == "RuntimeError"
+    assert torch.allclose(right, brute, atol=1e-6)
+
+
+def test_cost_of_relative_terms(ev, seed):
+    """Extra matrix products of Shaw attention: two (T × d_head) by (d_head × (2k+1)) products per head."""
+    f = attention_flops()
+    ev.record("attention FLOPs (T=64, d_model=64, 4 heads), plain", f["plain"])
+    ev.record("attention FLOPs, Shaw k=16", f["shaw"])
+    ev.record("extra FLOPs / plain", (f["shaw"] - f["plain"]) / f["plain"], expect="grows as (2k+1)/T shrinks")
+    assert f["shaw"] - f["plain"] == 2 * 2 * 1 * 4 * 64 * (2 * 16 + 1) * 16
+
+
+def _plot_lengths(ev, acc):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    for p, style in (("shaw", "o-"), ("sinusoidal", "s--")):
+        for i, a in enumerate(acc[p]):
+            ax.plot(TEST_LENS, [a[n] for n in TEST_LENS], style, color="C0" if p == "shaw" else "C1", alpha=0.8,
+                    label=f"positions={p!r}" if i == 0 else None)
+    ax.axvline(TRAIN_LEN, color="grey", lw=0.8, ls=":")
+    ax.set(xlabel="test length (trained on 8)", ylabel="previous-token accuracy", ylim=(0, 1.05), xticks=TEST_LENS)
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    ev.figure(fig, "lengths", "Previous-token accuracy against test length, one layer trained on length 8, 3 seeds "
+                              "per arm.")
+
+
+def _plot_depth(ev, prof):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for (p, rows), c in zip(prof.items(), ("C1", "C0", "C7")):
+        for i, r in enumerate(rows):
+            axes[0].plot(range(5), r["probe"], "o-", color=c, alpha=0.8, label=p if i == 0 else None)
+            axes[1].plot(range(1, 5), r["attention_by_cell"], "o-", color=c, alpha=0.8, label=p if i == 0 else None)
+    axes[0].axhline(1 / 12, color="grey", lw=0.8, ls=":")
+    axes[0].set(title="linear probe of absolute position", xlabel="depth (0 = embeddings)", ylabel="accuracy",
+                ylim=(0, 1.05), xticks=range(5))
+    axes[1].set(title="attention variance set by the cell (i, j)", xlabel="layer", xticks=range(1, 5))
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    ev.figure(fig, "depth", "4-layer encoders at initialisation, 3 seeds each: left, how well a linear probe reads "
+                            "a token's absolute position (dotted: chance); right, how much of the attention pattern "
+                            "the position pair alone sets.")
