@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +30,16 @@ SHARED_FILES = ("transformer.py", "tasks.py", "train.py", "evidence.py")
 VERDICTS = ("confirmed", "nuanced", "refuted")
 
 
+IMPORTED_PROOF = re.compile(r"^from proofs\.([\w.]+) import", re.M)
+
+
 def fingerprint(proof_file: Path | str) -> str:
-    """sha256 over the proof file and the shared library it builds on."""
+    """sha256 over the proof file, the other proof files it imports from, and the shared library."""
     h = hashlib.sha256()
-    paths = [Path(proof_file)] + [ROOT / "proofs" / name for name in SHARED_FILES]
+    own = Path(proof_file)
+    imported = sorted({ROOT / "proofs" / (m.replace(".", "/") + ".py") for m in IMPORTED_PROOF.findall(own.read_text())})
+    imported = [p for p in imported if p.name.startswith("proof_") and p.resolve() != own.resolve()]
+    paths = [own, *imported] + [ROOT / "proofs" / name for name in SHARED_FILES]
     for p in paths:
         h.update(p.name.encode())
         h.update(Path(p).read_bytes())

@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import re
-import time
 from functools import lru_cache
 from pathlib import Path
 

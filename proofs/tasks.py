@@ -46,3 +46,24 @@ def padded_batch(g: torch.Generator, lengths: list[int], max_len: int, vocab: in
     for i, n in enumerate(lengths):
         ids[i, :n] = torch.randint(1, vocab, (n,), generator=g)
     return ids, ids == PAD
+
+
+# --8<-- [start:lookup]
+def lookup_table(vocab: int) -> Tensor:
+    """A fixed shuffle of the real tokens 1..vocab-1 (the same for every seed): token t -> table[t - 1]."""
+    return torch.randperm(vocab - 1, generator=torch.Generator().manual_seed(0)) + 1
+
+
+def lookup_task(g: torch.Generator, batch: int, length: int, vocab: int, noise: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Each token's target is lookup_table[token]: a per-token map that needs no attention at all.
+
+    With noise > 0 each label is replaced, with that probability, by a random token: a task a model
+    can only fit by memorising, so its train/validation gap measures over-fitting.
+    """
+    x = random_tokens(g, batch, length, vocab)
+    y = lookup_table(vocab)[x - 1]
+    if noise > 0:
+        flip = torch.rand(batch, length, generator=g) < noise
+        y = torch.where(flip, random_tokens(g, batch, length, vocab), y)
+    return x, y
+# --8<-- [end:lookup]

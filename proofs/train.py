@@ -30,6 +30,21 @@ def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> 
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), label_smoothing=label_smoothing)
 
 
+# --8<-- [start:noam]
+def noam_schedule(d_model: int, warmup: int) -> Callable[[int], float]:
+    """Vaswani et al. (2017) §5.3 as a LambdaLR multiplier of lr=1: d_model^-0.5 · min(n^-0.5, n · warmup^-1.5).
+
+    LambdaLR counts steps from 0; the paper's step_num n counts from 1, so n = step + 1.
+    """
+
+    def lr_at(step: int) -> float:
+        n = step + 1
+        return d_model**-0.5 * min(n**-0.5, n * warmup**-1.5)
+
+    return lr_at
+# --8<-- [end:noam]
+
+
 def train(
     model: nn.Module,
     batches: Callable[[int], tuple[Tensor, Tensor]],

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Iterator, Literal, Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.nn as nn

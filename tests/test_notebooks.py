@@ -3,7 +3,6 @@ unchanged (clean diffs), and its cells run top to bottom as a notebook would run
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import jupytext
 import pytest

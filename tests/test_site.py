@@ -50,9 +50,11 @@ def test_proof_code_is_included_from_the_file_not_pasted(site):
 
 @pytest.fixture(scope="module")
 def server(site):
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.RequestHandlerClass.log_message = lambda *a: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
@@ -77,7 +79,7 @@ def browser():
 @pytest.fixture
 def page(browser, server):
     """A page that records console errors and every request, and blocks anything not on 127.0.0.1."""
-    ctx = browser.new_context()
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})  # wide: the search box is in the header
     pg = ctx.new_page()
     pg.errors, pg.requests = [], []
     pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
@@ -106,8 +108,12 @@ def test_question_page_renders_math_and_evidence(page, server):
     nums = page.eval_on_selector_all(".evidence td.num", "els => els.map(e => e.innerText.trim())")
     assert len(nums) >= 5 and all(nums), "evidence cards show no numbers"
     assert page.locator(".evidence").count() >= 5
-    ok = page.eval_on_selector_all(".evidence figure img", "els => els.map(e => e.complete && e.naturalWidth > 0)")
-    assert ok and all(ok), "an evidence figure did not load"
+    figures = page.locator(".evidence figure img")
+    assert figures.count() >= 1
+    for i in range(figures.count()):  # lazy images load once scrolled into view
+        figures.nth(i).scroll_into_view_if_needed()
+        page.wait_for_function("e => e.complete && e.naturalWidth > 0", arg=figures.nth(i).element_handle(),
+                               timeout=10_000)
     assert page.locator("table.claims .verdict").count() >= 5
     # code copy button from mkdocs-material on the included proof code
     assert page.locator("pre code").count() >= 3
@@ -115,7 +121,7 @@ def test_question_page_renders_math_and_evidence(page, server):
 
 def _search(page, server, term: str) -> list[str]:
     page.goto(f"{server}/")
-    page.click("label[for='__search']")
+    page.click("input.md-search__input")
     page.fill("input.md-search__input", term)
     page.wait_for_selector(".md-search-result__item", timeout=15_000)
     return page.eval_on_selector_all(".md-search-result__link", "els => els.map(e => e.getAttribute('href'))")

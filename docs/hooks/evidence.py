@@ -201,7 +201,10 @@ def _claims_table(page, meta: dict) -> str:
 
 
 def _ledger(page) -> str:
-    settled = {cid: (uri, meta) for uri, meta in _pages.items() for cid in meta["claims"]}
+    settled: dict[str, list[tuple[str, dict]]] = {}  # claim id -> every page that settles it
+    for uri, meta in _pages.items():
+        for cid in meta["claims"]:
+            settled.setdefault(cid, []).append((uri, meta))
     groups: dict[str, list[str]] = {}
     for cid, c in _registry.items():
         groups.setdefault(c["group"], []).append(cid)
@@ -211,11 +214,10 @@ def _ledger(page) -> str:
         out.append(f"\n### {group.capitalize()}\n\n| claim | what is claimed | verdict | page |\n|---|---|---|---|")
         for cid in ids:
             if cid in settled:
-                uri, meta = settled[cid]
-                verdict = meta["claims"][cid]
+                verdict = settled[cid][0][1]["claims"][cid]  # one verdict per claim (the contract tests check)
                 counts[verdict] += 1
-                title = meta.get("title", uri)
-                cell, link = _badge(verdict), f"[{title}]({_rel(page, uri)})"
+                cell = _badge(verdict)
+                link = "<br>".join(f"[{meta.get('title', uri)}]({_rel(page, uri)})" for uri, meta in settled[cid])
             else:
                 cell, link = '<span class="verdict verdict--open">open</span>', "not yet settled"
             out.append(f"| `{cid}` | {_registry[cid]['claim'].replace('|', '/')} | {cell} | {link} |")
@@ -251,6 +253,18 @@ def _dedent(block: str) -> str:
     return "\n".join(ln for ln in lines if not ln.startswith("<div") and ln != "</div>").strip()
 
 
+MD_LINK = re.compile(r"\]\((?!https?:|#|/)([^)\s#]+\.md)(#[^)\s]*)?\)")
+
+
+def _moved(text: str, from_uri: str, page) -> str:
+    """Rewrite relative .md links of text written in from_uri so they work inside `page`."""
+    def fix(m: re.Match) -> str:
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(from_uri), m[1]))
+        return f"]({_rel(page, target)}{m[2] or ''})"
+
+    return MD_LINK.sub(fix, text)
+
+
 def _cheatsheet(page) -> str:
     out = []
     for area, uris in _by_area().items():
@@ -259,7 +273,7 @@ def _cheatsheet(page) -> str:
             meta, m = _pages[uri], THIRTY.search(_bodies[uri])
             verdicts = ", ".join(f"<code>{c}</code> {_badge(v)}" for c, v in meta["claims"].items())
             out.append(f"### [{meta.get('title', uri)}]({_rel(page, uri)})\n")
-            out.append((_dedent(m[1]) if m else "*(this page has no 30-second answer yet)*") + "\n")
+            out.append((_moved(_dedent(m[1]), uri, page) if m else "*(this page has no 30-second answer yet)*") + "\n")
             out.append(f'<p class="cheat__verdicts">{verdicts}</p>\n')
     return "\n".join(out)
 
@@ -271,7 +285,7 @@ def _flashcards(page) -> str:
         for uri in uris:
             title = _pages[uri].get("title", uri)
             for m in FOLLOW_UP.finditer(_bodies[uri]):
-                answer = "\n".join("    " + ln if ln.strip() else "" for ln in _dedent(m["a"]).splitlines())
+                answer = "\n".join("    " + ln if ln.strip() else "" for ln in _moved(_dedent(m["a"]), uri, page).splitlines())
                 out.append(f'??? question "{m["q"]}"\n{answer}\n\n    *From [{title}]({_rel(page, uri)}).*\n')
     return "\n".join(out)
 

@@ -1,0 +1,218 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # Why residual connections?
+#
+# Proofs for the page `docs/normalisation/residual-connections.md`. Every function
+# below builds the shared module (`proofs/transformer.py`) and flips one switch:
+# `residual` (True: x + f(x) around every sub-layer; False: f(x) alone). Some
+# measurements also set `norm="none"` to show a stack without any normalisation.
+# Run it with `pytest proofs/normalisation/proof_residual.py`, or open it as a
+# notebook with `jupytext --to notebook proofs/normalisation/proof_residual.py`.
+
+# %%
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from proofs.tasks import lookup_task
+from proofs.train import accuracy, fixed_batches, token_loss, train
+from proofs.transformer import EncoderLayer, EncoderTagger, TransformerConfig
+
+DEPTHS = [1, 2, 4, 6, 8, 12, 16]  # encoder layers swept at initialisation
+V = 16  # vocabulary: token 0 is padding, 1..15 are real tokens
+
+
+def tiny(n_layers: int, **switches) -> TransformerConfig:
+    """d_model 32, 4 heads, dropout off: the stack whose depth we vary."""
+    return TransformerConfig(vocab_size=V, d_model=32, n_heads=4, d_ff=64, n_layers=n_layers,
+                             dropout_emb=0.0, dropout_residual=0.0).replace(**switches)
+
+
+# %% [markdown]
+# ## 1. What reaches the first layer at initialisation
+#
+# One batch, one backward pass of the token loss. We compare the gradient at the
+# input of the stack (what the first layer receives) with the gradient at its
+# output (what the last layer receives): the ratio is 1 when the stack passes the
+# gradient on unchanged. We also measure how different the tokens still are when
+# they leave the stack: the part of the output that is not the sequence mean.
+
+# %%
+# --8<-- [start:gradient]
+def stack_gradient(seed: int, n_layers: int, **switches) -> dict:
+    """||dL/d(input of layer 1)|| / ||dL/d(output of the last layer)|| and the tokens' spread at the output."""
+    torch.manual_seed(seed)
+    model = EncoderTagger(tiny(n_layers, **switches))
+    x, y = lookup_task(torch.Generator().manual_seed(seed), 16, 8, V)
+    h0 = model.embed(x)  # (B, T, C): what the first layer receives
+    h0.retain_grad()
+    hL = model.encoder(h0)  # (B, T, C): what leaves the last layer
+    hL.retain_grad()
+    token_loss(model.head(hL), y).backward()
+    centred = hL - hL.mean(dim=1, keepdim=True)  # what distinguishes one token from the others
+    return {
+        "grad_ratio": (h0.grad.norm() / hL.grad.norm()).item(),
+        "token_spread": (centred.norm() / hL.norm()).item(),  # 0: every token left the stack as the same vector
+    }
+# --8<-- [end:gradient]
+
+
+# %% [markdown]
+# ## 2. Training a deep stack with and without residuals
+#
+# Six Post-LN layers learn the lookup above for 80 Adam steps (lr 2e-3). The
+# one-layer stack is the control: the task itself is easy without residuals.
+
+# %%
+# --8<-- [start:train]
+def lookup_accuracy(seed: int, n_layers: int, steps: int = 80, **switches) -> float:
+    torch.manual_seed(seed)
+    model = EncoderTagger(tiny(n_layers, **switches))
+    train(model, fixed_batches(lookup_task, 1000 + seed, batch=16, length=8, vocab=V), steps, lr=2e-3)
+    x, y = lookup_task(torch.Generator().manual_seed(10_000 + seed), 256, 8, V)
+    return accuracy(model, x, y)
+# --8<-- [end:train]
+
+
+# %% [markdown]
+# ## 3. The paper's sub-layer, computed by hand
+#
+# §3.1: the output of each sub-layer is LayerNorm(x + Sublayer(x)). We take one
+# encoder layer of the shared module (Post-LN, dropout off), give its LayerNorms
+# random gains and biases, and recompute its output from the formula with a
+# LayerNorm written out by hand.
+
+# %%
+# --8<-- [start:by_hand]
+def layer_norm_by_hand(z: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    mean = z.mean(-1, keepdim=True)
+    var = z.var(-1, unbiased=False, keepdim=True)  # over the d_model features of one token
+    return (z - mean) / torch.sqrt(var + eps) * gain + bias
+
+
+def post_ln_by_hand(layer: EncoderLayer, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm(x + Sublayer(x)) twice: self-attention, then the feed-forward network."""
+    n1, n2 = layer.sub_attn.norm, layer.sub_ffn.norm
+    h = layer_norm_by_hand(x + layer.self_attn(x), n1.weight, n1.bias, eps)
+    return layer_norm_by_hand(h + layer.ffn(h), n2.weight, n2.bias, eps)
+# --8<-- [end:by_hand]
+
+
+def random_layer(seed: int, **switches) -> EncoderLayer:
+    torch.manual_seed(seed)
+    layer = EncoderLayer(tiny(1, **switches)).eval()
+    with torch.no_grad():  # non-trivial gains and biases, so the check cannot pass by accident
+        for p in layer.parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn_like(p))
+    return layer
+
+
+# %%
+if __name__ == "__main__":  # notebook / script: flip a switch above and rerun
+    for depth in DEPTHS:
+        print(depth, stack_gradient(0, depth), stack_gradient(0, depth, residual=False))
+    print("6 layers:", lookup_accuracy(0, 6), "without residuals:", lookup_accuracy(0, 6, residual=False))
+
+
+# %% [markdown]
+# ## Tests: each asserts the difference the switch makes
+
+# %%
+def _plot(ev, rows):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    styles = {("layer", True): ("o-", "LayerNorm, residual"), ("layer", False): ("s--", "LayerNorm, no residual"),
+              ("none", True): ("^-", "no norm, residual"), ("none", False): ("v--", "no norm, no residual")}
+    for arm, (style, label) in styles.items():
+        worst = [min(r[arm]["grad_ratio"] for r in rows[d]) for d in DEPTHS]
+        best = [max(r[arm]["grad_ratio"] for r in rows[d]) for d in DEPTHS]
+        line, = axes[0].semilogy(DEPTHS, worst, style, label=label)
+        axes[0].fill_between(DEPTHS, worst, best, color=line.get_color(), alpha=0.15)
+        if arm[0] == "layer":
+            axes[1].semilogy(DEPTHS, [max(r[arm]["token_spread"] for r in rows[d]) for d in DEPTHS], style, label=label)
+    axes[0].axhline(1, color="grey", lw=0.8)
+    axes[0].set(title="gradient at layer 1 / gradient at the top", xlabel="layers")
+    axes[1].set(title="tokens' spread at the output (largest of 3 seeds)", xlabel="layers")
+    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    ev.figure(fig, "depth", "Left: how much of the gradient reaches the first layer, against depth (band: 3 seeds). "
+                            "Right: the part of the output that still differs between tokens.")
+
+
+# --8<-- [start:test_gradient]
+@pytest.mark.claim("C-RES-1", "nuanced")
+def test_residuals_keep_the_signal_through_depth(ev, seed):
+    """Without LayerNorm, dropping the residuals makes the gradient vanish geometrically; with LayerNorm its size
+    survives, but the tokens collapse into one vector and the deep stack no longer trains."""
+    seeds = [seed, seed + 1, seed + 2]
+    rows = {d: [{(norm, res): stack_gradient(s, d, norm=norm, residual=res)
+                 for norm in ("layer", "none") for res in (True, False)} for s in seeds] for d in DEPTHS}
+    _plot(ev, rows)
+
+    def worst(d, arm, stat, f):
+        return f(r[arm][stat] for r in rows[d])
+
+    # Without normalisation: the classic picture.
+    plain, plain_res = worst(16, ("none", False), "grad_ratio", max), worst(16, ("none", True), "grad_ratio", min)
+    ev.record("grad ratio, 16 layers, no norm, no residual (largest of 3 seeds)", plain, expect="vanishes")
+    ev.record("grad ratio, 16 layers, no norm, residual (smallest of 3 seeds)", plain_res,
+              expect="does not vanish (it explodes: no norm)")
+    assert plain < 1e-2 and plain_res > 1.0
+    # With LayerNorm (the paper's Post-LN): the size of the gradient survives six layers either way ...
+    ln_res, ln_plain = worst(6, ("layer", True), "grad_ratio", min), worst(6, ("layer", False), "grad_ratio", min)
+    ev.record("grad ratio, 6 layers, LayerNorm, residual (smallest of 3 seeds)", ln_res, expect="order 1")
+    ev.record("grad ratio, 6 layers, LayerNorm, no residual (smallest of 3 seeds)", ln_plain,
+              expect="order 1: no vanishing at this depth")
+    assert ln_res > 0.1 and ln_plain > 0.05
+    # ... but without residuals every token leaves the stack as the same vector.
+    spread_res = worst(6, ("layer", True), "token_spread", min)
+    spread_plain = worst(6, ("layer", False), "token_spread", max)
+    ev.record("tokens' spread after 6 layers, residual (smallest of 3 seeds)", spread_res, expect="tokens still differ")
+    ev.record("tokens' spread after 6 layers, no residual (largest of 3 seeds)", spread_plain,
+              expect="≈ 0: all tokens identical")
+    assert spread_res > 0.05 and spread_plain < 1e-3
+
+    deep = [lookup_accuracy(s, 6) for s in seeds]
+    deep_plain = [lookup_accuracy(s, 6, residual=False) for s in seeds]
+    shallow_plain = [lookup_accuracy(s, 1, residual=False) for s in seeds]
+    ev.record("lookup accuracy, 6 layers, residual (3 seeds)", deep, expect="learns")
+    ev.record("lookup accuracy, 6 layers, no residual (3 seeds)", deep_plain, expect="stalls near chance (1/15)")
+    ev.record("lookup accuracy, 1 layer, no residual (3 seeds)", shallow_plain, expect="learns: the task is easy")
+    assert min(deep) > 0.9 and min(shallow_plain) > 0.9 and max(deep_plain) < 0.3
+# --8<-- [end:test_gradient]
+
+
+# --8<-- [start:test_formula]
+@pytest.mark.claim("C-RES-2", "confirmed")
+def test_post_ln_sublayer_is_the_papers_formula(ev, seed):
+    """The module's default layer equals LayerNorm(x + Sublayer(x)) computed by hand; Pre-LN does not; widths must match."""
+    cfg = tiny(1)
+    x = torch.randn(4, 10, cfg.d_model, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        post = random_layer(seed)
+        diff_post = (post(x) - post_ln_by_hand(post, x, cfg.norm_eps)).abs().max().item()
+        pre = random_layer(seed, norm_position="pre")  # the same weights, the other switch position
+        diff_pre = (pre(x) - post_ln_by_hand(pre, x, cfg.norm_eps)).abs().max().item()
+        # every sub-layer maps d_model to d_model, so x + Sublayer(x) is defined
+        widths = {post.self_attn(x).shape[-1], post.ffn(x).shape[-1], x.shape[-1]}
+    ev.record("max |module − LayerNorm(x + Sublayer(x))|, Post-LN", diff_post, expect="0 (float32 rounding)")
+    ev.record("max |module − that formula|, Pre-LN", diff_pre, expect="large: a different function")
+    ev.record("widths of x, Attention(x), FFN(x)", sorted(widths), expect="one width: d_model = 32")
+    assert diff_post < 1e-5 and diff_pre > 0.1 and widths == {cfg.d_model}
+    hidden = F.relu(post.ffn.lin1(x))  # the FFN's inner layer is d_ff = 64 wide
+    with pytest.raises(RuntimeError):
+        x + hidden  # a residual sum needs equal widths
+    ev.record("x (width 32) + FFN hidden (width 64)", "RuntimeError", expect="cannot be added")
+# --8<-- [end:test_formula]
