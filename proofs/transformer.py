@@ -76,6 +76,7 @@ class TransformerConfig:
     attn_scale: str = "sqrt_dk"  # divide q.k by sqrt(d_k) (paper), by nothing, or by d_k
     qk_norm: str = "none"  # "layer": LayerNorm each head's q and k over d_k before the dot product (QK-norm)
     share_qk: bool = False  # use one matrix for W_Q and W_K (makes the score matrix symmetric)
+    qkv_proj: bool = True  # False: no W_Q, W_K, W_V; each head's q = k = v = its slice of the input (W_O stays)
     mask_fill: str = "-inf"  # value written into hidden scores before softmax: -inf or the dtype's minimum
     fast_path: bool = True  # use F.scaled_dot_product_attention when no one needs the weights
     # --- normalisation and residuals ---------------------------------------
@@ -126,6 +127,11 @@ class TransformerConfig:
                 raise ConfigError(f"TransformerConfig.{name}={p} must be a probability in [0, 1).")
         if int(self.mem_len) < 0:
             raise ConfigError(f"TransformerConfig.mem_len={self.mem_len} must be >= 0 (0 = no segment memory).")
+        if self.share_qk and not self.qkv_proj:
+            raise ConfigError(
+                "share_qk=True ties W_K to W_Q, but qkv_proj=False has no W_Q or W_K: q = k = x already. "
+                "Set share_qk=False (or qkv_proj=True)."
+            )
         if self.tie_embeddings == "all" and self.src_vocab_size not in (None, self.vocab_size):
             raise ConfigError(
                 f"tie_embeddings='all' shares one matrix between encoder and decoder, but src_vocab_size="
@@ -199,9 +205,10 @@ class MultiHeadAttention(nn.Module):
         self.cfg = cfg
         C, nh = cfg.d_model, cfg.n_heads
         self.n_heads, self.d_head = nh, cfg.d_head
-        self.w_q = nn.Linear(C, C, bias=cfg.bias)
-        self.w_k = None if cfg.share_qk else nn.Linear(C, C, bias=cfg.bias)  # share_qk: keys use w_q
-        self.w_v = nn.Linear(C, C, bias=cfg.bias)
+        proj = (lambda: nn.Linear(C, C, bias=cfg.bias)) if cfg.qkv_proj else nn.Identity  # qkv_proj=False: q=k=v=x
+        self.w_q = proj()
+        self.w_k = None if cfg.share_qk else proj()  # share_qk: keys use w_q
+        self.w_v = proj()
         self.w_o = nn.Linear(C, C, bias=cfg.bias)
         affine_norm = cfg.qk_norm == "layer"
         self.q_norm = nn.LayerNorm(self.d_head, eps=cfg.norm_eps) if affine_norm else nn.Identity()

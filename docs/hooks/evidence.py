@@ -238,6 +238,7 @@ FOLLOW_UP = re.compile(r'^\?\?\? question "(?P<q>[^"]+)"\n(?P<a>(?:    .*\n|[ \t
 
 
 AREA_TITLES = {"attention": "Attention", "normalisation": "Normalisation and residuals",
+               "cost": "Cost and complexity",
                "positions": "Embeddings and positions", "relative": "Relative positions", "training": "Training"}
 
 

@@ -1,0 +1,202 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # What if self-attention skips the Q/K/V projections?
+#
+# Proofs for `docs/attention/no-projections.md`. One switch of the shared model:
+# `qkv_proj` (True: learned W_Q, W_K, W_V as in the paper; False: each head's
+# q = k = v = its slice of the input, W_O kept). Then s_ij = x_i · x_j / √d_k.
+# Run: `pytest proofs/attention/proof_no_projections.py`.
+
+# %%
+from __future__ import annotations
+
+import torch
+
+from proofs.tasks import previous_token_task
+from proofs.train import accuracy, fixed_batches, train
+from proofs.transformer import EncoderTagger, MultiHeadAttention, TransformerConfig, record_attention
+
+D, T = 64, 16  # one head of d_k = 64 (the paper's head size), 16 tokens per row
+SIGMAS = [D**-0.5, 0.25, 0.5, 1.0, 2.0]  # standard deviation of the entries of x
+
+
+# %% [markdown]
+# ## 1. Scores without projections: the diagonal and Cauchy–Schwarz
+#
+# s_ii = ‖x_i‖² and s_ij = x_i·x_j ≤ ‖x_i‖‖x_j‖. If every token has the same norm the
+# diagonal is the largest score of its row (ties only with an identical token). If norms
+# differ, a longer token pointing roughly the same way wins.
+
+# %%
+# --8<-- [start:scores]
+def bare_head(d: int = D, n_heads: int = 1, **switches) -> MultiHeadAttention:
+    """The shared attention with qkv_proj=False: q = k = v = x, split into heads."""
+    return MultiHeadAttention(TransformerConfig(d_model=d, n_heads=n_heads, qkv_proj=False, **switches)).eval()
+
+
+def self_is_top(seed: int, equal_norms: bool, batch: int = 256) -> dict:
+    """How often a token's own score is the largest in its row, and the smallest margin s_ii − max_{j≠i} s_ij."""
+    torch.manual_seed(seed)
+    attn = bare_head()
+    x = torch.randn(batch, T, D)
+    if equal_norms:
+        x = x / x.norm(dim=-1, keepdim=True) * D**0.5  # every token has norm √d
+    else:
+        x = x * torch.rand(batch, T, 1) * 2  # norms spread over (0, 2√d)
+    with torch.no_grad():
+        q, k, _ = attn.project(x, x)
+        s = attn.score(q, k)[:, 0]  # (B, T, T)
+    eye = torch.eye(T, dtype=torch.bool)
+    margin = s.diagonal(dim1=-2, dim2=-1) - s.masked_fill(eye, float("-inf")).max(-1).values
+    return {"top_fraction": (s.argmax(-1) == torch.arange(T)).float().mean().item(), "min_margin": margin.min().item()}
+# --8<-- [end:scores]
+
+
+# %% [markdown]
+# ## 2. How much weight stays on the diagonal depends on the scale of x
+#
+# With entries N(0, σ²): s_ii ≈ σ²d/√d_k and s_ij ~ N(0, σ⁴d)/√d_k. At σ = 1 the diagonal
+# leads by about √d_k = 8 units and takes nearly all the weight; at σ = 1/√d (the scale of
+# the paper's embedding initialisation before the ×√d_model) every score is near 0 and the
+# row is near uniform.
+
+# %%
+# --8<-- [start:diagonal]
+def diagonal_mass(sigma: float, seed: int, batch: int = 64, **switches) -> float:
+    """Mean softmax weight a token puts on itself when q = k = v = x, x with N(0, σ²) entries."""
+    torch.manual_seed(seed)
+    attn = bare_head(**switches)
+    x = torch.randn(batch, T, D) * sigma
+    with torch.no_grad(), record_attention(attn):
+        attn(x)
+    return attn.weights.diagonal(dim1=-2, dim2=-1).mean().item()
+# --8<-- [end:diagonal]
+
+
+# %% [markdown]
+# ## 3. Can a model without projections still learn to use context?
+#
+# The previous-token task (output the token at t−1) needs attention away from the diagonal.
+# One encoder layer, one head of 64, sinusoidal positions, 300 Adam steps; the same seeds and
+# batches with and without W_Q, W_K, W_V. A second arm stacks two layers without projections:
+# the second layer's input has passed through the first layer's W_O, FFN and LayerNorm.
+
+# %%
+# --8<-- [start:learn]
+def previous_token(qkv_proj: bool, seed: int, n_layers: int = 1, steps: int = 300, vocab: int = 16,
+                   length: int = 12) -> dict:
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(vocab_size=vocab, d_model=D, n_heads=1, d_ff=2 * D, n_layers=n_layers, qkv_proj=qkv_proj,
+                            dropout_emb=0.0, dropout_residual=0.0)
+    model = EncoderTagger(cfg)
+    x, y = previous_token_task(torch.Generator().manual_seed(10_000 + seed), 512, length, vocab)
+
+    def self_weight() -> list[float]:  # mean weight on the token itself, per layer
+        with torch.no_grad(), record_attention(model) as mods:
+            model(x)
+        return [m.weights.diagonal(dim1=-2, dim2=-1).mean().item() for m in mods]
+
+    at_init = self_weight()
+    train(model, fixed_batches(previous_token_task, 100 + seed, batch=32, length=length, vocab=vocab), steps, lr=2e-3)
+    return {"acc": accuracy(model, x, y), "self_init": at_init, "self_trained": self_weight()}
+# --8<-- [end:learn]
+
+
+# %%
+if __name__ == "__main__":
+    print(self_is_top(0, True), self_is_top(0, False))
+    for s in SIGMAS:
+        print(s, diagonal_mass(s, 0), diagonal_mass(s, 0, attn_scale="none"))
+    print(previous_token(True, 0), previous_token(False, 0), previous_token(False, 0, n_layers=2))
+
+
+# %% [markdown]
+# ## Tests
+
+# %%
+import pytest  # noqa: E402
+
+
+@pytest.mark.claim("C-NOPROJ-1", "nuanced")
+def test_self_scores_highest_only_when_norms_are_equal(ev, seed):
+    """Equal norms: the token's own score tops every row (Cauchy–Schwarz). Unequal norms: often not."""
+    equal, mixed = self_is_top(seed, True), self_is_top(seed, False)
+    ev.record("rows whose top score is the token itself, equal norms", equal["top_fraction"], expect="1 (exact)")
+    ev.record("smallest s_ii − max_j s_ij, equal norms", equal["min_margin"], expect="≥ 0")
+    ev.record("rows whose top score is the token itself, norms spread over (0, 2√d)", mixed["top_fraction"],
+              expect="< 1")
+    assert equal["top_fraction"] == 1.0 and equal["min_margin"] > 0
+    assert mixed["top_fraction"] < 0.95  # well below 1 on every seed (about 4000 rows)
+
+
+def _plot(ev, rows):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.3))
+    for arm, style in (("sqrt_dk", "o-"), ("none", "s--")):
+        ax.semilogx(SIGMAS, [r[arm] for r in rows], style, label=f"attn_scale={arm}")
+    ax.axhline(1 / T, color="grey", lw=0.8, ls=":")
+    ax.text(1.0, 1 / T + 0.02, "uniform: 1/T", color="grey", fontsize=8)
+    ax.set(xlabel="std σ of the entries of x", ylabel="mean weight on itself", ylim=(0, 1.05),
+           title=f"q = k = v = x, d_k = {D}, T = {T}")
+    ax.set_xticks(SIGMAS, ["1/√d", "0.25", "0.5", "1", "2"])
+    ax.minorticks_off()
+    ax.legend()
+    fig.tight_layout()
+    ev.figure(fig, "diagonal", "Mean attention weight a token puts on itself without projections, against the "
+                               "scale of x, with and without the 1/√d_k scale.")
+
+
+# --8<-- [start:test_identity]
+@pytest.mark.claim("C-FOLK-3", "nuanced")
+def test_identity_or_average_depends_on_the_scale_of_x(ev, seed):
+    """Without projections attention is close to the identity for unit-variance x and close to a uniform
+    average for x of the embedding initialisation's scale; the 1/√d_k scale moves the crossover."""
+    rows = [{arm: diagonal_mass(s, seed, attn_scale=arm) for arm in ("sqrt_dk", "none")} for s in SIGMAS]
+    _plot(ev, rows)
+    for s, r in zip(SIGMAS, rows):
+        ev.record(f"weight on itself, σ={s:.3g}, scaled", r["sqrt_dk"], key=s in (SIGMAS[0], 1.0))
+        ev.record(f"weight on itself, σ={s:.3g}, unscaled", r["none"], key=s == 0.5)
+    small, unit = rows[0], rows[SIGMAS.index(1.0)]
+    half = rows[SIGMAS.index(0.5)]
+    assert unit["sqrt_dk"] > 0.9  # near the identity ...
+    assert small["sqrt_dk"] < 2 / T  # ... or near a uniform average (1/T), same code, different scale
+    assert half["none"] > 0.9 and half["sqrt_dk"] < 0.5  # the scale decides where the switch happens
+# --8<-- [end:test_identity]
+
+
+# --8<-- [start:test_learn]
+@pytest.mark.claim("C-NOPROJ-1", "nuanced")
+@pytest.mark.claim("C-FOLK-3", "nuanced")
+def test_one_layer_without_projections_cannot_leave_the_diagonal(ev, seed):
+    """One layer without W_Q, W_K, W_V keeps most weight on the token itself and cannot learn 'previous
+    token'; with them it learns it on every seed. A second projection-free layer gets much of the way."""
+    seeds = [seed, seed + 1, seed + 2]
+    proj = [previous_token(True, s) for s in seeds]
+    bare = [previous_token(False, s) for s in seeds]
+    deep = [previous_token(False, s, n_layers=2) for s in seeds]
+    ev.record("accuracy with W_Q, W_K, W_V, 1 layer (3 seeds)", [r["acc"] for r in proj], expect="≈ 1")
+    ev.record("accuracy without, 1 layer (3 seeds)", [r["acc"] for r in bare],
+              expect="≈ 1/12 + 11/12 · 1/15: only position 0, whose target is itself")
+    ev.record("accuracy without, 2 layers (3 seeds)", [r["acc"] for r in deep], expect="well above 1 layer")
+    ev.record("weight on itself at init, with projections", proj[0]["self_init"][0], expect="≈ 1/12: uniform")
+    ev.record("weight on itself at init, without", bare[0]["self_init"][0], expect="most of the row")
+    ev.record("weight on itself after training, without, 1 layer (3 seeds)", [r["self_trained"][0] for r in bare],
+              expect="still most of the row")
+    ev.record("weight on itself after training, without, 2 layers: layer 1 (3 seeds)",
+              [r["self_trained"][0] for r in deep], expect="stays, as in the 1-layer model")
+    ev.record("weight on itself after training, without, 2 layers: layer 2 (3 seeds)",
+              [r["self_trained"][1] for r in deep], expect="lower: layer 2 compares transformed tokens")
+    assert min(r["acc"] for r in proj) > 0.95
+    assert max(r["acc"] for r in bare) < 0.2
+    assert min(r["self_trained"][0] for r in bare) > 0.5 > max(r["self_init"][0] for r in proj)
+    assert min(r["acc"] for r in deep) > max(r["acc"] for r in bare) + 0.3
+    assert all(r["self_trained"][1] < r["self_trained"][0] - 0.2 for r in deep)  # the second layer lets go
+# --8<-- [end:test_learn]
