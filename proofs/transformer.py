@@ -40,6 +40,7 @@ __all__ = [
     "sinusoidal_table",
     "causal_mask",
     "record_attention",
+    "greedy",
 ]
 
 
@@ -50,6 +51,7 @@ class ConfigError(ValueError):
 # Allowed values of the string-valued switches, checked in __post_init__.
 _CHOICES = {
     "attn_scale": ("sqrt_dk", "none", "dk"),
+    "score_fn": ("dot", "additive"),
     "qk_norm": ("none", "layer"),
     "norm": ("layer", "batch", "none"),
     "norm_position": ("post", "pre"),
@@ -74,6 +76,7 @@ class TransformerConfig:
     max_len: int = 64  # rows of a learned position table; longer inputs are an error for positions="learned"
     # --- attention -------------------------------------------------------
     attn_scale: str = "sqrt_dk"  # divide q.k by sqrt(d_k) (paper), by nothing, or by d_k
+    score_fn: str = "dot"  # "additive": Bahdanau's v·tanh(W1 q + W2 k) per head instead of q·k
     qk_norm: str = "none"  # "layer": LayerNorm each head's q and k over d_k before the dot product (QK-norm)
     share_qk: bool = False  # use one matrix for W_Q and W_K (makes the score matrix symmetric)
     qkv_proj: bool = True  # False: no W_Q, W_K, W_V; each head's q = k = v = its slice of the input (W_O stays)
@@ -127,6 +130,22 @@ class TransformerConfig:
                 raise ConfigError(f"TransformerConfig.{name}={p} must be a probability in [0, 1).")
         if int(self.mem_len) < 0:
             raise ConfigError(f"TransformerConfig.mem_len={self.mem_len} must be >= 0 (0 = no segment memory).")
+        if self.score_fn == "additive":
+            if self.positions in ("shaw", "xl"):
+                raise ConfigError(
+                    f"score_fn='additive' and positions={self.positions!r} each replace the attention score; they do "
+                    f"not combine. Use positions='sinusoidal' (or 'learned', 'none') with additive scores, or score_fn='dot'."
+                )
+            if self.qk_norm != "none":
+                raise ConfigError(
+                    "qk_norm='layer' normalises q and k to bound q·k, but score_fn='additive' computes no q·k: its "
+                    "logits v·tanh(q + k) are already bounded by ‖v‖₁. Set qk_norm='none' (or score_fn='dot')."
+                )
+            if self.attn_scale != "sqrt_dk":
+                raise ConfigError(
+                    f"attn_scale={self.attn_scale!r} scales q·k, which score_fn='additive' does not compute, so it "
+                    f"would change nothing. Leave attn_scale='sqrt_dk' (the default, unused by additive scores) or use score_fn='dot'."
+                )
         if self.share_qk and not self.qkv_proj:
             raise ConfigError(
                 "share_qk=True ties W_K to W_Q, but qkv_proj=False has no W_Q or W_K: q = k = x already. "
@@ -250,6 +269,30 @@ class MultiHeadAttention(nn.Module):
         v = self._heads(self.w_v(kv))  # (B, nh, Tk, hs)
         return self.q_norm(q), self.k_norm(k), v
 
+    # --8<-- [start:kv_cache]
+    def project_cached(self, x: Tensor, kv: Tensor, cache: dict, self_attention: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """project() for incremental decoding: keys and values of earlier steps come from `cache`.
+
+        Self-attention: only the new tokens x are projected; their keys/values are appended to
+        cache["k"], cache["v"] (B, nh, T_past + Tq, hs). Cross-attention: the encoder output kv
+        is projected at the first step; every later step reuses the same keys/values.
+        """
+        if not isinstance(cache, dict) or ("k" in cache and cache["k"].shape[0] != x.shape[0]):
+            raise ConfigError("cache must be a dict filled by earlier steps of this same batch: start each "
+                              "generation with a fresh one (Decoder.new_cache()).")
+        if self_attention:
+            q, k, v = self.project(x, x)  # (B, nh, Tq, hs): the new tokens only
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+        elif "k" not in cache:
+            q, k, v = self.project(x, kv)  # first step: the encoder output's keys/values, once
+        else:
+            q = self.q_norm(self._heads(self.w_q(x)))  # later steps: the queries only, as in project()
+            k, v = cache["k"], cache["v"]
+        cache["k"], cache["v"] = k, v
+        return q, k, v
+    # --8<-- [end:kv_cache]
+
     def forward(
         self,
         x: Tensor,
@@ -258,12 +301,16 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         key_padding_mask: Optional[Tensor] = None,
         attn_mask: Optional[Tensor] = None,
+        cache: Optional[dict] = None,
     ) -> Tensor:
         """x: (B, Tq, C) queries; kv: (B, Tk, C) keys/values (x itself for self-attention).
 
         key_padding_mask: (B, Tk) bool, True at padding. attn_mask: (Tq, Tk) or (B, Tq, Tk) bool,
         True where query i must not see key j. causal: hide keys after each query.
+        cache: a dict kept across the steps of incremental decoding (see project_cached); Tk then
+        counts every cached key, and the masks must cover them all.
         """
+        self_attention = kv is None
         kv = x if kv is None else kv
         if x.dim() != 3 or x.shape[-1] != self.cfg.d_model or kv.dim() != 3 or kv.shape[-1] != self.cfg.d_model:
             raise ConfigError(
@@ -271,13 +318,13 @@ class MultiHeadAttention(nn.Module):
                 f"{tuple(kv.shape)}; embed token ids first or check d_model."
             )
         B, Tq, _ = x.shape
-        Tk = kv.shape[1]
+        q, k, v = self.project(x, kv) if cache is None else self.project_cached(x, kv, cache, self_attention)
+        Tk = k.shape[2]
         _check_mask(key_padding_mask, "key_padding_mask", [(B, Tk)], "batch, key length")
         _check_mask(attn_mask, "attn_mask", [(Tq, Tk), (B, Tq, Tk)], "query length, key length")
-        q, k, v = self.project(x, kv)
 
         hide = None  # (B or 1, 1, Tq, Tk) bool
-        if causal:
+        if causal and Tq > 1:  # one query aligned at the end sees every key: nothing to hide
             hide = causal_mask(Tq, Tk, device=x.device)[None, None]
         if attn_mask is not None:
             m = attn_mask if attn_mask.dim() == 3 else attn_mask[None]
@@ -439,6 +486,37 @@ class XLAttention(MultiHeadAttention):
 # --8<-- [end:xl]
 
 
+# --8<-- [start:additive]
+class AdditiveAttention(MultiHeadAttention):
+    """Additive attention (Bahdanau et al. 2015) per head, as a new `score`; the rest inherited.
+
+        e_ij = v_h · tanh(q_i + k_j)      q_i = W_1 x_i (w_q), k_j = W_2 x_j (w_k), split into heads
+
+    Bahdanau's W_1 and W_2 are the usual w_q and w_k; the one new parameter is v, one (hs,)
+    vector per head. attn_scale does not apply to these logits: they are no dot product q·k,
+    and |e_ij| <= ||v_h||_1 whatever d_k (the config refuses a non-default attn_scale, qk_norm
+    and relative positions with score_fn="additive").
+
+    Cost: q_i + k_j is formed for every pair, a (B, nh, Tq, Tk, hs) tensor with one tanh per
+    element, kept for the backward pass. That tensor, hs times the (B, nh, Tq, Tk) score
+    matrix that dot-product attention gets from one matmul, IS the cost of additive attention.
+    `score` is overridden, so the fast path (F.scaled_dot_product_attention) is never used.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__(cfg)
+        # N(0, 1/hs): ||v_h||_2 ≈ 1, so Var(e_ij) <= ||v_h||_2^2 stays of order 1 at any head size.
+        # The models' _init_linear redraws it Xavier like every 2-D weight (also ||v_h||_2 of order 1).
+        self.v = nn.Parameter(torch.randn(self.n_heads, self.d_head) * self.d_head**-0.5)  # (nh, hs)
+
+    def score(self, q: Tensor, k: Tensor) -> Tensor:
+        """(B, nh, Tq, hs), (B, nh, Tk, hs) -> (B, nh, Tq, Tk) logits v_h · tanh(q_i + k_j), never scaled."""
+        B, nh, Tq, _ = q.shape
+        h = torch.tanh(q[:, :, :, None, :] + k[:, :, None, :, :])  # (B, nh, Tq, Tk, hs): every pair, every channel
+        return (h.flatten(2, 3) @ self.v[:, :, None]).view(B, nh, Tq, -1)  # (B, nh, Tq·Tk, 1) -> (B, nh, Tq, Tk)
+# --8<-- [end:additive]
+
+
 # ----------------------------------------------------------------------------
 # Sub-layers
 # ----------------------------------------------------------------------------
@@ -491,7 +569,9 @@ class Residual(nn.Module):
 
 
 def make_self_attention(cfg: TransformerConfig) -> MultiHeadAttention:
-    """Self-attention for cfg.positions: relative variants override MultiHeadAttention.score/mix."""
+    """Self-attention for cfg.positions and cfg.score_fn: the variants override MultiHeadAttention.score/mix."""
+    if cfg.score_fn == "additive":
+        return AdditiveAttention(cfg)
     if cfg.positions == "shaw":
         return ShawAttention(cfg)
     if cfg.positions == "xl":
@@ -518,7 +598,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig, cross: bool = True):
         super().__init__()
         self.self_attn = make_self_attention(cfg)
-        self.cross_attn = MultiHeadAttention(cfg) if cross else None
+        cross_cls = AdditiveAttention if cfg.score_fn == "additive" else MultiHeadAttention  # no positions here
+        self.cross_attn = cross_cls(cfg) if cross else None
         self.ffn = FeedForward(cfg)
         self.sub_self = Residual(cfg)
         self.sub_cross = Residual(cfg) if cross else None
@@ -531,20 +612,29 @@ class DecoderLayer(nn.Module):
         tgt_padding_mask: Optional[Tensor] = None,
         memory_padding_mask: Optional[Tensor] = None,
         mem: Optional[Tensor] = None,
+        cache: Optional[dict] = None,
     ) -> Tensor:
         """memory: the encoder output (cross-attention). mem: (B, M, C) this layer's inputs over earlier
-        segments (Transformer-XL recurrence), extra keys and values in front of x; queries come from x only."""
-        x = self.sub_self(x, lambda h: self.self_attend(h, mem, tgt_padding_mask))
+        segments (Transformer-XL recurrence), extra keys and values in front of x; queries come from x only.
+        cache: {"self": {}, "cross": {}}, this layer's keys/values kept across decoding steps (Decoder.new_cache)."""
+        self_cache, cross_cache = (None, None) if cache is None else (cache["self"], cache["cross"])
+        x = self.sub_self(x, lambda h: self.self_attend(h, mem, tgt_padding_mask, self_cache))
         if self.cross_attn is not None:
             if memory is None:
                 raise ConfigError("this decoder layer has cross-attention: pass the encoder output as memory.")
-            x = self.sub_cross(x, lambda h: self.cross_attn(h, memory, key_padding_mask=memory_padding_mask))
+            x = self.sub_cross(
+                x, lambda h: self.cross_attn(h, memory, key_padding_mask=memory_padding_mask, cache=cross_cache))
         return self.sub_ffn(x, self.ffn)
 
-    def self_attend(self, h: Tensor, mem: Optional[Tensor], padding_mask: Optional[Tensor]) -> Tensor:
-        """Causal self-attention of h (B, T, C) over [mem ∘ h] (B, M+T, C); mem=None or M=0: over h alone."""
+    def self_attend(
+        self, h: Tensor, mem: Optional[Tensor], padding_mask: Optional[Tensor], cache: Optional[dict] = None
+    ) -> Tensor:
+        """Causal self-attention of h (B, T, C) over [mem ∘ h] (B, M+T, C); mem=None or M=0: over h alone
+        (and over the keys/values of earlier steps when a cache is given)."""
         if mem is None or mem.shape[1] == 0:
-            return self.self_attn(h, causal=True, key_padding_mask=padding_mask)
+            return self.self_attn(h, causal=True, key_padding_mask=padding_mask, cache=cache)
+        if cache is not None:
+            raise ConfigError("a key/value cache and Transformer-XL mems both prepend earlier positions: use one.")
         if self.sub_self.cfg.norm_position == "pre":
             mem = self.sub_self.norm(mem)  # Pre-LN: the cached inputs pass the same norm as h did
         kv = torch.cat([mem, h], dim=1)  # (B, M+T, C): keys/values from [SG(memory) ∘ h]
@@ -575,20 +665,23 @@ class Embeddings(nn.Module):
             self.register_buffer("pe", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
         self.drop_emb = nn.Dropout(cfg.dropout_emb)
 
-    def positions(self, T: int, device=None) -> Optional[Tensor]:
-        """(T, C) position signal added to the embeddings, or None."""
+    def positions(self, T: int, device=None, start: int = 0) -> Optional[Tensor]:
+        """(T, C) position signal of positions start .. start+T-1 added to the embeddings, or None."""
+        end = start + T
         if self.cfg.positions == "learned":
-            if T > self.cfg.max_len:
+            if end > self.cfg.max_len:
                 raise ConfigError(
-                    f"sequence length {T} exceeds the learned position table (max_len={self.cfg.max_len}): a learned "
+                    f"sequence length {end} exceeds the learned position table (max_len={self.cfg.max_len}): a learned "
                     f"table has no row for position {self.cfg.max_len}. Raise max_len, or use positions='sinusoidal'."
                 )
-            return self.pos[:T]
+            return self.pos[start:end]
         if self.cfg.positions == "sinusoidal":
-            return self.pe[:T] if T <= self.pe.shape[0] else sinusoidal_table(T, self.cfg.d_model).to(device)
+            table = self.pe if end <= self.pe.shape[0] else sinusoidal_table(end, self.cfg.d_model).to(device)
+            return table[start:end]
         return None
 
-    def forward(self, ids: Tensor) -> Tensor:
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """ids (B, T) -> (B, T, C). start: the position of ids[:, 0] (incremental decoding feeds one token at a time)."""
         if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32, torch.int64):
             got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
             raise ConfigError(f"expected token ids as an integer tensor of shape (batch, time), got {got}.")
@@ -600,7 +693,7 @@ class Embeddings(nn.Module):
         x = self.tok(ids)  # (B, T, C)
         if self.cfg.scale_embeddings:
             x = x * math.sqrt(self.cfg.d_model)
-        pe = self.positions(ids.shape[1], ids.device)
+        pe = self.positions(ids.shape[1], ids.device, start)
         if pe is not None:
             x = x + pe
         return self.drop_emb(x)
@@ -627,8 +720,22 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross) for _ in range(n))
         self.final_norm = make_norm(cfg) if cfg.norm_position == "pre" else nn.Identity()
 
-    def forward(self, x, memory=None, tgt_padding_mask=None, memory_padding_mask=None, mems=None) -> Tensor:
-        return self.forward_with_memory(x, mems, None, memory, tgt_padding_mask, memory_padding_mask)[0]
+    def forward(self, x, memory=None, tgt_padding_mask=None, memory_padding_mask=None, mems=None, cache=None) -> Tensor:
+        """cache: new_cache(), kept across steps; x then holds only the positions not yet cached."""
+        if cache is None:
+            return self.forward_with_memory(x, mems, None, memory, tgt_padding_mask, memory_padding_mask)[0]
+        if mems is not None or tgt_padding_mask is not None or len(cache) != len(self.layers):
+            raise ConfigError(
+                f"with a key/value cache pass no mems and no tgt_padding_mask (generation runs unpadded), and one "
+                f"cache entry per layer ({len(self.layers)}, got {len(cache)}): use Decoder.new_cache()."
+            )
+        for layer, layer_cache in zip(self.layers, cache):
+            x = layer(x, memory, None, memory_padding_mask, cache=layer_cache)
+        return self.final_norm(x)
+
+    def new_cache(self) -> list[dict]:
+        """The state of incremental decoding: per layer, the self- and cross-attention keys/values so far."""
+        return [{"self": {}, "cross": {}} for _ in self.layers]
 
     def forward_with_memory(
         self, x, mems=None, mem_len=None, memory=None, tgt_padding_mask=None, memory_padding_mask=None
@@ -718,6 +825,26 @@ class DecoderLM(nn.Module):
         h, new_mems = self.decoder.forward_with_memory(self.embed(ids), mems, mem_len, tgt_padding_mask=padding_mask)
         return self.head(h), new_mems
 
+    # --8<-- [start:generate_lm]
+    @torch.no_grad()
+    def generate(self, ids: Tensor, steps: int, use_cache: bool = True) -> tuple[Tensor, Tensor]:
+        """Greedy continuation of the prompt ids (B, T) by `steps` tokens (call .eval() first).
+
+        With the cache each step feeds the decoder only the tokens it has not seen, at their
+        positions; without it each step reruns the whole prefix. Returns (B, T+steps) ids and
+        the (B, steps, V) logits each token was picked from.
+        """
+        cache = self.decoder.new_cache() if use_cache else None
+
+        def last_logits(ids: Tensor, n_new: int) -> Tensor:
+            if cache is None:
+                return self(ids)[:, -1]  # (B, V): every position recomputed
+            start = ids.shape[1] - n_new  # position of the first token not yet cached
+            return self.head(self.decoder(self.embed(ids[:, start:], start), cache=cache)[:, -1])
+
+        return greedy(last_logits, ids, steps)
+    # --8<-- [end:generate_lm]
+
 
 class EncoderDecoder(nn.Module):
     """The 2017 model: encoder over the source, decoder with cross-attention over the encoder output."""
@@ -744,3 +871,42 @@ class EncoderDecoder(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor, src_padding_mask=None, tgt_padding_mask=None) -> Tensor:
         """tgt_in is the target shifted right (teacher forcing); returns (B, T_tgt, V) logits."""
         return self.decode(tgt_in, self.encode(src, src_padding_mask), tgt_padding_mask, src_padding_mask)
+
+    # --8<-- [start:generate_seq2seq]
+    @torch.no_grad()
+    def generate(self, src: Tensor, bos: int, steps: int, use_cache: bool = True,
+                 src_padding_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """Greedy translation of src (B, S) (call .eval() first): the encoder runs once, the decoder once per token.
+
+        Returns (B, 1+steps) ids starting with bos and the (B, steps, V) logits each token was picked from.
+        With the cache, cross-attention projects the encoder output to keys/values once.
+        """
+        memory = self.encode(src, src_padding_mask)  # (B, S, C), read by every step and every decoder layer
+        cache = self.decoder.new_cache() if use_cache else None
+
+        def last_logits(ids: Tensor, n_new: int) -> Tensor:
+            if cache is None:
+                return self.decode(ids, memory, None, src_padding_mask)[:, -1]  # (B, V): whole prefix again
+            start = ids.shape[1] - n_new
+            h = self.decoder(self.tgt_embed(ids[:, start:], start), memory, None, src_padding_mask, cache=cache)
+            return self.head(h[:, -1])
+
+        return greedy(last_logits, torch.full((src.shape[0], 1), bos, dtype=torch.long, device=src.device), steps)
+    # --8<-- [end:generate_seq2seq]
+
+
+# --8<-- [start:greedy]
+@torch.no_grad()
+def greedy(last_logits, ids: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """Append `steps` argmax tokens to ids (B, T). last_logits(ids, n_new) returns the (B, V) logits of the
+    next token, where n_new counts the tokens at the end of ids that the model has not been fed yet."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"steps={steps!r} must be a positive integer: the number of tokens to generate.")
+    picked, n_new = [], ids.shape[1]
+    for _ in range(steps):
+        last = last_logits(ids, n_new)  # (B, V)
+        ids = torch.cat([ids, last.argmax(-1, keepdim=True)], dim=1)  # feed the choice back
+        picked.append(last)
+        n_new = 1
+    return ids, torch.stack(picked, dim=1)
+# --8<-- [end:greedy]

@@ -4,6 +4,9 @@ unchanged (clean diffs), and its cells run top to bottom as a notebook would run
 from __future__ import annotations
 
 
+import sys
+import types
+
 import jupytext
 import pytest
 
@@ -32,9 +35,14 @@ def test_notebook_cells_define_the_measurements(proof):
     """Run the code cells in order, as a kernel would, except the demo cell (`if __name__ == "__main__"`)
     whose experiments the tests already run."""
     nb = jupytext.reads((ROOT / proof).read_text(encoding="utf-8"), fmt="py:percent")
-    ns: dict = {"__name__": "notebook"}
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            exec(compile(cell.source, f"{proof}[cell]", "exec"), ns)
+    module = types.ModuleType("notebook")  # a real module, as a kernel's __main__ is (dataclasses need one)
+    sys.modules["notebook"] = module
+    try:
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                exec(compile(cell.source, f"{proof}[cell]", "exec"), module.__dict__)
+    finally:
+        del sys.modules["notebook"]
+    ns = module.__dict__
     assert any(callable(v) and getattr(v, "__module__", None) == "notebook" for v in ns.values())
     assert any(k.startswith("test_") for k in ns), f"{proof}: defines no test functions"

@@ -211,7 +211,8 @@ def _ledger(page) -> str:
     counts = {v: 0 for v in E.VERDICTS}
     out = []
     for group, ids in groups.items():
-        out.append(f"\n### {group.capitalize()}\n\n| claim | what is claimed | verdict | page |\n|---|---|---|---|")
+        title = AREA_TITLES.get(group, group.capitalize())
+        out.append(f"\n### {title}\n\n| claim | what is claimed | verdict | page |\n|---|---|---|---|")
         for cid in ids:
             if cid in settled:
                 verdict = settled[cid][0][1]["claims"][cid]  # one verdict per claim (the contract tests check)
