@@ -8,8 +8,8 @@ projection weights straight from the Linear layers and never calls the module's 
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from proofs.measure import LargestTensor
 from proofs.transformer import (
     AdditiveAttention,
     ConfigError,
@@ -150,28 +150,13 @@ def test_one_vector_v_per_head_is_the_only_new_parameter():
     assert extra == {"v"} and attn.v.shape == (2, 8)
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operator produces."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_additive_materialises_a_pair_by_channel_tensor():
     """The documented cost: a (B, nh, Tq, Tk, hs) tensor, hs times the dot-product score matrix."""
     B, T = 2, 12
     sizes = {}
     for fn in ("dot", "additive"):
         attn = make_self_attention(CFG.replace(score_fn=fn, fast_path=False))
-        mode = _LargestTensor()
+        mode = LargestTensor()
         with mode:
             attn(torch.randn(B, T, 16))
         sizes[fn] = mode.largest

@@ -6,8 +6,8 @@
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from proofs.measure import LargestTensor
 from proofs.transformer import (
     ConfigError,
     DecoderLM,
@@ -127,28 +127,13 @@ def test_negative_clip_is_a_config_error():
         TransformerConfig(positions="shaw", rel_clip=-1)
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operator produces."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_no_tensor_of_size_t_t_head_is_built():
     """Forward and backward stay O(T²) per head: nothing of size B·nh·T·T·hs appears."""
     cfg = TransformerConfig(d_model=64, n_heads=2, positions="shaw", rel_clip=4)
     attn = ShawAttention(cfg)
     B, T = 1, 64
     x = torch.randn(B, T, 64, requires_grad=True)
-    mode = _LargestTensor()
+    mode = LargestTensor()
     with mode:
         attn(x, causal=True).sum().backward()
     per_pair = B * cfg.n_heads * T * T  # the score matrix

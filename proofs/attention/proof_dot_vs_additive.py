@@ -24,10 +24,10 @@ import time
 from functools import lru_cache
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from proofs.attention.proof_scale_sqrt_dk import reverse_accuracy
+from proofs.measure import LargestTensor
 from proofs.transformer import TransformerConfig, make_self_attention, record_attention
 
 LENGTHS = [16, 32, 64, 128, 256]  # sequence lengths n of the cost sweep (d_k = 64 fixed)
@@ -50,21 +50,6 @@ ARMS = {  # the three attention scores compared; the rest of the model is the sa
 # materialised in both).
 
 # %%
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor (in elements) that any operator produces inside the block."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 # --8<-- [start:cost]
 def attention_cost(n: int, score_fn: str, d_k: int = 64) -> dict:
     """Counted matmul FLOPs, elementwise score ops (from shapes) and the largest tensor, one head over n tokens."""

@@ -117,7 +117,7 @@ def test_schedule_matches_formula_and_peaks_at_warmup(ev, seed):
 def test_lambdalr_counts_from_zero(ev, seed):
     """LambdaLR calls the schedule with 0 first: the paper's formula with step_num = 0 divides by zero."""
     d, w = PAPER["d_model"], PAPER["warmup"]
-    naive = lambda step: d**-0.5 * min(step**-0.5, step * w**-1.5)  # noqa: E731: step_num taken as LambdaLR's step
+    naive = lambda step: d**-0.5 * min(step**-0.5, step * w**-1.5)  # noqa: E731 (step_num taken as LambdaLR's step)
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ZeroDivisionError):
         torch.optim.lr_scheduler.LambdaLR(opt, naive)
