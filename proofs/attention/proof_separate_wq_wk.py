@@ -134,7 +134,7 @@ def test_shared_weights_give_symmetric_logits_not_symmetric_weights(ev, seed):
 @pytest.mark.claim("C-QK-2", "nuanced")
 def test_shared_weights_cannot_learn_a_directed_relation(ev, seed):
     """With one head, separate W_Q, W_K learn 'copy the previous token' on every seed; shared ones stay far
-    below, on their own training batches too."""
+    below on average, on their own training batches too."""
     seeds = [seed, seed + 1, seed + 2]
     sep = [previous_token(False, s) for s in seeds]
     shared = [previous_token(True, s) for s in seeds]
@@ -145,10 +145,13 @@ def test_shared_weights_cannot_learn_a_directed_relation(ev, seed):
     two_heads = [previous_token(True, s, n_heads=2, d_model=32, steps=200) for s in seeds[:2]]
     ev.record("test accuracy, shared W, 2 heads of 16 (2 seeds)", [r["test_acc"] for r in two_heads],
               expect="still far below separate W")
-    # Over 8 seeds the shared head ranged from chance to about 0.56, the separate one was always ≈ 1:
-    # assert on the worst case of each arm, not on a mean.
+    # Over 11 seeds (0-10) the shared head ranged from chance to 0.77 (it can partly exploit the absolute
+    # positions, see the page), the separate one was always ≈ 1. So: separate learns on every seed, and the
+    # shared arm's mean stays far below; no per-seed ceiling on the shared arm, which no seed window guarantees.
     assert min(r["test_acc"] for r in sep) > 0.95
-    assert max(r["test_acc"] for r in shared) < 0.7
+    mean_gap = sum(r["test_acc"] for r in sep) / 3 - sum(r["test_acc"] for r in shared) / 3
+    ev.record("mean accuracy gap, separate − shared (3 seeds)", mean_gap, expect="large")
+    assert mean_gap > 0.3
     assert max(abs(r["train_acc"] - r["test_acc"]) for r in shared) < 0.1
     assert max(r["test_acc"] for r in two_heads) < min(r["test_acc"] for r in sep) - 0.3
 # --8<-- [end:test_directed]

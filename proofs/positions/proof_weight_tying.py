@@ -335,7 +335,11 @@ def test_tying_regularises_but_does_not_speed_up(ev, seed):
     # the regulariser's signature, seed by seed: training loss up, gap down
     assert all(a > b for a, b in zip(t["train"], u["train"]))
     assert all(a < b - 0.05 for a, b in zip(t["gap"], u["gap"]))
-    assert all(a < b for a, b in zip(t["val"], u["val"]))  # and at equal steps (300) a lower validation loss
+    # At equal steps (300) the tied model's validation loss is lower on average over the three seeds. Not on
+    # every seed: with --proof-seed 3 one of seeds 3-5 ends slightly above the untied model, so no per-seed claim.
+    ev.record("mean validation loss at step 300, tied − untied", sum(t["val"]) / 3 - sum(u["val"]) / 3,
+              expect="< 0 on average; not on every seed")
+    assert sum(t["val"]) < sum(u["val"])
     # but no faster convergence: the untied model is ahead on validation loss at step 100
     assert all(a > b for a, b in zip(t["val100"], u["val100"]))
     # and with early stopping the untied model's best validation loss is about as good
