@@ -334,7 +334,8 @@ def test_tying_regularises_but_does_not_speed_up(ev, seed):
     t, u = res["decoder"], res["none"]
     # the regulariser's signature, seed by seed: training loss up, gap down
     assert all(a > b for a, b in zip(t["train"], u["train"]))
-    assert all(a < b - 0.05 for a, b in zip(t["gap"], u["gap"]))
+    assert all(a < b for a, b in zip(t["gap"], u["gap"]))  # a smaller gap on every seed
+    assert sum(u["gap"]) - sum(t["gap"]) > 3 * 0.05  # by more than 0.05 on average
     # At equal steps (300) the tied model's validation loss is lower on average over the three seeds. Not on
     # every seed: with --proof-seed 3 one of seeds 3-5 ends slightly above the untied model, so no per-seed claim.
     ev.record("mean validation loss at step 300, tied − untied", sum(t["val"]) / 3 - sum(u["val"]) / 3,

@@ -250,7 +250,7 @@ def test_dropout_sites_on_an_overfitting_task(ev, seed):
         ev.record(f"{arm}: held-out NLL (3 seeds)", t["val_nll"])
         ev.record(f"{arm}: held-out accuracy (3 seeds)", t["val_acc"], key=False)
     base = table["none"]
-    assert min(base["train_acc"]) > 0.98 and max(base["val_acc"]) < 0.7  # the task over-fits
+    assert min(base["train_acc"]) > 0.95 and max(base["val_acc"]) < 0.7  # the task over-fits
     paper, emb = table["paper (embeddings + sub-layer outputs)"], table["embeddings"]
     # paired by seed: the paper's two sites, and embedding dropout alone, lower the held-out loss every time
     assert all(a < b - 0.2 for a, b in zip(paper["val_nll"], base["val_nll"]))
