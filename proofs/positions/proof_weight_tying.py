@@ -312,7 +312,8 @@ def _plot_lm(ev, runs):
 # --8<-- [start:test_lm]
 @pytest.mark.claim("C-TIE-2", "nuanced")
 def test_tying_regularises_but_does_not_speed_up(ev, seed):
-    """Tied: higher training loss, smaller train/validation gap, lower final validation loss; untied: faster early on."""
+    """Tied: higher training loss, smaller train/validation gap, about the same validation loss at equal steps;
+    untied: faster early on and a better early-stopped best."""
     seeds = [seed, seed + 1, seed + 2]
     runs = {tie: [lm_run(s, tie) for s in seeds] for tie in ("decoder", "none")}
     _plot_lm(ev, runs)
@@ -336,11 +337,12 @@ def test_tying_regularises_but_does_not_speed_up(ev, seed):
     assert all(a > b for a, b in zip(t["train"], u["train"]))
     assert all(a < b for a, b in zip(t["gap"], u["gap"]))  # a smaller gap on every seed
     assert sum(u["gap"]) - sum(t["gap"]) > 3 * 0.05  # by more than 0.05 on average
-    # At equal steps (300) the tied model's validation loss is lower on average over the three seeds. Not on
-    # every seed: with --proof-seed 3 one of seeds 3-5 ends slightly above the untied model, so no per-seed claim.
-    ev.record("mean validation loss at step 300, tied − untied", sum(t["val"]) / 3 - sum(u["val"]) / 3,
-              expect="< 0 on average; not on every seed")
-    assert sum(t["val"]) < sum(u["val"])
+    # At equal steps (300) the validation losses are close, with either sign depending on the seeds (lower for
+    # tied in windows 0-2 and 3-5, slightly higher in 21-23): recorded, not asserted. Much closer than the
+    # training losses, though: tying trades training fit for generalisation, it does not simply lose.
+    diff_val = sum(t["val"]) / 3 - sum(u["val"]) / 3
+    ev.record("mean validation loss at step 300, tied − untied", diff_val, expect="close to 0, either sign")
+    assert abs(diff_val) < (sum(t["train"]) - sum(u["train"])) / 3
     # but no faster convergence: the untied model is ahead on validation loss at step 100
     assert all(a > b for a, b in zip(t["val100"], u["val100"]))
     # and with early stopping the untied model's best validation loss is about as good
