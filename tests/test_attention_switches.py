@@ -52,20 +52,6 @@ def test_no_projections_matches_plain_softmax_attention(causal):
             torch.testing.assert_close(attn.weights, torch.softmax(s, -1), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"qk_norm": "layer"}, {"attn_scale": "none"}])
-def test_no_projections_fast_path_equals_explicit_path(overrides):
-    cfg = CFG.replace(**overrides)
-    fast = MultiHeadAttention(cfg).eval()
-    slow = MultiHeadAttention(cfg.replace(fast_path=False)).eval()
-    slow.load_state_dict(fast.state_dict())
-    x = torch.randn(2, 9, 32)
-    kpm = torch.zeros(2, 9, dtype=torch.bool)
-    kpm[1, 7:] = True
-    with torch.no_grad():
-        assert fast.uses_fast_path() and not slow.uses_fast_path()
-        torch.testing.assert_close(fast(x, key_padding_mask=kpm), slow(x, key_padding_mask=kpm), atol=1e-5, rtol=0)
-
-
 def test_no_projections_model_trains_end_to_end():
     model = EncoderTagger(CFG.replace(vocab_size=16, n_layers=1, dropout_emb=0.0, dropout_residual=0.0))
     ids = torch.randint(1, 16, (4, 8))

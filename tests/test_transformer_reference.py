@@ -109,6 +109,7 @@ def test_decoder_layer_matches_torch(norm_position):
 
 @pytest.mark.parametrize("overrides", [
     {}, {"attn_scale": "none"}, {"attn_scale": "dk"}, {"qk_norm": "layer"}, {"share_qk": True},
+    {"qkv_proj": False}, {"qkv_proj": False, "qk_norm": "layer"}, {"qkv_proj": False, "attn_scale": "none"},
 ])
 def test_fast_path_equals_explicit_path(overrides):
     cfg = CFG.replace(**overrides)
