@@ -26,7 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE_DIR = Path(os.environ.get("PROOF_EVIDENCE_DIR", ROOT / "evidence"))
 # Files every proof depends on besides its own: a change to any of them makes all evidence stale.
-SHARED_FILES = ("transformer.py", "tasks.py", "train.py", "evidence.py", "measure.py")
+SHARED_FILES = ("tasks.py", "train.py", "evidence.py", "measure.py")
+SHARED_PACKAGES = ("transformer",)  # every file of proofs/transformer/
 VERDICTS = ("confirmed", "nuanced", "refuted")
 
 
@@ -40,8 +41,9 @@ def fingerprint(proof_file: Path | str) -> str:
     imported = sorted({ROOT / "proofs" / (m.replace(".", "/") + ".py") for m in IMPORTED_PROOF.findall(own.read_text())})
     imported = [p for p in imported if p.name.startswith("proof_") and p.resolve() != own.resolve()]
     paths = [own, *imported] + [ROOT / "proofs" / name for name in SHARED_FILES]
+    paths += sorted(p for pkg in SHARED_PACKAGES for p in (ROOT / "proofs" / pkg).glob("*.py"))
     for p in paths:
-        h.update(p.name.encode())
+        h.update(p.relative_to(ROOT).as_posix().encode() if p.is_relative_to(ROOT) else p.name.encode())
         h.update(Path(p).read_bytes())
     return h.hexdigest()[:16]
 

@@ -44,10 +44,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "claim(id, verdict): the proof settles claim `id` (see proofs/claims.yml) with `verdict`"
     )
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    threads = os.environ.get("PROOF_THREADS") or ("1" if os.environ.get("PYTEST_XDIST_WORKER") else None)
+    if threads:
         import torch
 
-        torch.set_num_threads(1)  # one thread per xdist worker: 2 workers x 2 threads run 3x slower
+        torch.set_num_threads(int(threads))  # one thread per xdist worker: 2 workers x 2 threads run 3x slower
 
 
 def _claims_of(item) -> list[tuple[str, str]]:

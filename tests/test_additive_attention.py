@@ -118,7 +118,7 @@ def test_scores_ignore_the_scale_and_are_bounded_by_v_l1():
 
 
 def test_fast_path_is_not_used():
-    attn = additive_head(CFG.replace(fast_path=True))
+    attn = additive_head(CFG.replace(attn_impl="auto"))
     assert not attn.uses_fast_path()
     assert MultiHeadAttention(CFG.replace(score_fn="dot")).uses_fast_path()  # the same config, dot: fast path
 
@@ -155,7 +155,7 @@ def test_additive_materialises_a_pair_by_channel_tensor():
     B, T = 2, 12
     sizes = {}
     for fn in ("dot", "additive"):
-        attn = make_self_attention(CFG.replace(score_fn=fn, fast_path=False))
+        attn = make_self_attention(CFG.replace(score_fn=fn, attn_impl="explicit"))
         mode = LargestTensor()
         with mode:
             attn(torch.randn(B, T, 16))
@@ -165,8 +165,8 @@ def test_additive_materialises_a_pair_by_channel_tensor():
 
 
 @pytest.mark.parametrize("overrides,match", [
-    ({"positions": "shaw"}, r"positions='shaw' each replace the attention score.*score_fn='dot'"),
-    ({"positions": "xl"}, r"positions='xl' each replace the attention score"),
+    ({"positions": "shaw"}, r"positions='shaw' each change the attention score.*score_fn='dot'"),
+    ({"positions": "xl"}, r"positions='xl' each change the attention score"),
     ({"qk_norm": "layer"}, r"Set qk_norm='none'"),
     ({"attn_scale": "none"}, r"attn_scale='none' scales q·k.*Leave attn_scale='sqrt_dk'"),
     ({"attn_scale": "dk"}, r"attn_scale='dk'"),

@@ -15,7 +15,7 @@ def test_heads_must_divide_d_model():
         TransformerConfig(d_model=30, n_heads=4)
 
 
-@pytest.mark.parametrize("field,value", [("norm", "rms"), ("positions", "rope"), ("attn_scale", "sqrt_d")])
+@pytest.mark.parametrize("field,value", [("norm", "rmsnorm"), ("positions", "rotary"), ("attn_scale", "sqrt_d")])
 def test_unknown_option_lists_the_options(field, value):
     with raises(rf"TransformerConfig.{field}='{value}' is not an option; use one of"):
         TransformerConfig(**{field: value})

@@ -107,17 +107,17 @@ def test_clip_zero_gives_the_same_position_score_for_every_offset():
 
 def test_relative_index_is_clipped_offset():
     attn = ShawAttention(CFG.replace(rel_clip=2))
-    idx = attn.rel_index(4, 4)
+    idx = attn.rel_index(4, 4)[0, 0]  # (1, 1, Tq, Tk) -> (Tq, Tk)
     expected = torch.tensor([[2, 3, 4, 4], [1, 2, 3, 4], [0, 1, 2, 3], [0, 0, 1, 2]])  # clip(j - i) + k
     assert torch.equal(idx, expected)
     # fewer queries than keys (a cache): queries are the last positions, as in causal_mask
-    assert torch.equal(attn.rel_index(1, 4), torch.tensor([[0, 0, 1, 2]]))
+    assert torch.equal(attn.rel_index(1, 4)[0, 0], torch.tensor([[0, 0, 1, 2]]))
 
 
 def test_fast_path_is_not_used():
-    attn = ShawAttention(CFG.replace(fast_path=True)).eval()
+    attn = ShawAttention(CFG.replace(attn_impl="auto")).eval()
     assert not attn.uses_fast_path()
-    model = EncoderTagger(CFG.replace(fast_path=True))
+    model = EncoderTagger(CFG.replace(attn_impl="auto"))
     assert all(type(layer.self_attn) is ShawAttention for layer in model.encoder.layers)
     assert not any(layer.self_attn.uses_fast_path() for layer in model.encoder.layers)
 

@@ -40,7 +40,7 @@ def _seed():
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("masking", ["none", "causal", "padding"])
 def test_attention_matches_torch_mha(fast, masking):
-    ours = MultiHeadAttention(CFG.replace(fast_path=fast)).eval()
+    ours = MultiHeadAttention(CFG.replace(attn_impl="auto" if fast else "explicit")).eval()
     ref = nn.MultiheadAttention(32, 4, batch_first=True).eval()
     copy_mha(ours, ref)
     x = torch.randn(3, 7, 32)
@@ -114,7 +114,7 @@ def test_decoder_layer_matches_torch(norm_position):
 def test_fast_path_equals_explicit_path(overrides):
     cfg = CFG.replace(**overrides)
     fast = MultiHeadAttention(cfg).eval()
-    slow = MultiHeadAttention(cfg.replace(fast_path=False)).eval()
+    slow = MultiHeadAttention(cfg.replace(attn_impl="explicit")).eval()
     slow.load_state_dict(fast.state_dict())
     x = torch.randn(2, 9, 32)
     kpm = torch.zeros(2, 9, dtype=torch.bool)

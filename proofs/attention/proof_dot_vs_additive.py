@@ -10,7 +10,7 @@
 # # Why dot-product attention and not additive?
 #
 # Proofs for the page `docs/attention/dot-vs-additive.md`. One switch of the shared
-# module (`proofs/transformer.py`) is flipped: `score_fn` ("dot": q·k, or "additive":
+# module (`proofs/transformer/`) is flipped: `score_fn` ("dot": q·k, or "additive":
 # Bahdanau's v·tanh(q + k) per head, the class `AdditiveAttention`), and for the
 # dot product `attn_scale` ("sqrt_dk" or "none").
 # Run it with `pytest proofs/attention/proof_dot_vs_additive.py`, or open it as a
@@ -53,7 +53,7 @@ ARMS = {  # the three attention scores compared; the rest of the model is the sa
 # --8<-- [start:cost]
 def attention_cost(n: int, score_fn: str, d_k: int = 64) -> dict:
     """Counted matmul FLOPs, elementwise score ops (from shapes) and the largest tensor, one head over n tokens."""
-    attn = make_self_attention(TransformerConfig(d_model=d_k, n_heads=1, score_fn=score_fn, fast_path=False)).eval()
+    attn = make_self_attention(TransformerConfig(d_model=d_k, n_heads=1, score_fn=score_fn, attn_impl="explicit")).eval()
     x = torch.randn(1, n, d_k)
     largest = LargestTensor()
     with torch.no_grad(), FlopCounterMode(display=False) as flops, largest:
@@ -66,7 +66,7 @@ def attention_cost(n: int, score_fn: str, d_k: int = 64) -> dict:
 
 def forward_seconds(n: int, score_fn: str, d_k: int = 64, reps: int = 5) -> float:
     """Best of `reps` timed forwards (recorded only, never asserted: timings depend on the machine)."""
-    attn = make_self_attention(TransformerConfig(d_model=d_k, n_heads=1, score_fn=score_fn, fast_path=False)).eval()
+    attn = make_self_attention(TransformerConfig(d_model=d_k, n_heads=1, score_fn=score_fn, attn_impl="explicit")).eval()
     x = torch.randn(1, n, d_k)
     best = math.inf
     with torch.no_grad():
@@ -99,7 +99,7 @@ def orthogonal_pair(d_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def unit_head(d_k: int, seed: int, v_std: float | None = None, **switches):
     torch.manual_seed(seed)  # the additive head's v: N(0, 1/d_k), the module's own initialisation
-    attn = make_self_attention(TransformerConfig(d_model=d_k, n_heads=1, bias=False, fast_path=False, **switches))
+    attn = make_self_attention(TransformerConfig(d_model=d_k, n_heads=1, bias=False, attn_impl="explicit", **switches))
     w_q, w_k = orthogonal_pair(d_k, seed)  # q, k with i.i.d. N(0, 1) components for x ~ N(0, I)
     with torch.no_grad():
         attn.w_q.weight.copy_(w_q)

@@ -10,7 +10,7 @@
 # # How do masks work, and why −∞?
 #
 # Proofs for `docs/attention/masks.md`. Every measurement uses the shared module
-# (`proofs/transformer.py`) and flips one thing: `causal=` on or off, a
+# (`proofs/transformer/`) and flips one thing: `causal=` on or off, a
 # `key_padding_mask` given or not, `cfg.mask_fill` ("-inf" or "min"), or
 # `cfg.positions` ("sinusoidal" or "none"). The one variant the module does not
 # offer, "set the masked logits to 0", is assembled below from the module's own

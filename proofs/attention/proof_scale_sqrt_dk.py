@@ -10,7 +10,7 @@
 # # Why divide by √d_k?
 #
 # Proofs for the page `docs/attention/why-scale-sqrt-dk.md`. Every function below
-# builds on the shared module (`proofs/transformer.py`) and flips one switch:
+# builds on the shared module (`proofs/transformer/`) and flips one switch:
 # `attn_scale` ("sqrt_dk" or "none") or `qk_norm` ("none" or "layer").
 # Run it with `pytest proofs/attention/proof_scale_sqrt_dk.py`, or open it as a
 # notebook with `jupytext --to notebook proofs/attention/proof_scale_sqrt_dk.py`.
@@ -248,7 +248,7 @@ def test_scale_adds_no_speed(ev, seed):
     """The scale changes no matrix product: attention does the same FLOPs with or without it, plus one multiply per score."""
     counts = {}
     for arm in ("sqrt_dk", "none"):
-        attn = unit_head(64, attn_scale=arm, fast_path=False)
+        attn = unit_head(64, attn_scale=arm, attn_impl="explicit")
         x = torch.randn(4, 32, 64)
         with FlopCounterMode(display=False) as fc, torch.no_grad():
             attn(x)

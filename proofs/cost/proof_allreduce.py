@@ -10,7 +10,7 @@
 # # How much does data-parallel training communicate?
 #
 # Proofs for the page `docs/cost/data-parallel-communication.md`. N workers live in one
-# process: each holds the gradient of the shared `DecoderLM` (`proofs/transformer.py`) on its
+# process: each holds the gradient of the shared `DecoderLM` (`proofs/transformer/`) on its
 # own shard of a batch, as one flat vector of S elements. A `Network` object carries every
 # message between them and counts the elements each worker sends and receives, round by round.
 # Three all-reduce schemes run over it: the ring (reduce-scatter then all-gather), "send

@@ -10,11 +10,11 @@
 # # How does the decoder generate, and what does the key/value cache save?
 #
 # Proofs for the page `docs/cost/decoding.md`. Everything runs on the shared model
-# (`proofs/transformer.py`): `EncoderDecoder.generate` and `DecoderLM.generate` decode
+# (`proofs/transformer/`): `EncoderDecoder.generate` and `DecoderLM.generate` decode
 # greedily, with the key/value cache (`use_cache=True`) or by recomputing the whole
 # prefix at every step (`use_cache=False`): that flag is the switch. Calls are counted
 # with forward hooks, FLOPs with `torch.utils.flop_counter.FlopCounterMode` on the
-# explicit attention path (`fast_path=False`: the fused CPU kernel of
+# explicit attention path (`attn_impl="explicit"`: the fused CPU kernel of
 # `F.scaled_dot_product_attention` is not in its registry and would count as 0).
 # Run it with `pytest proofs/cost/proof_decoding.py`, or open it as a notebook with
 # `jupytext --to notebook proofs/cost/proof_decoding.py`.
@@ -190,7 +190,7 @@ def step_formula(t: int, cfg: TransformerConfig, use_cache: bool) -> int:
 
 def cost_model(seed: int, **switches) -> DecoderLM:
     torch.manual_seed(seed)
-    switches = {"fast_path": False, **switches}  # explicit path: every matrix product is counted
+    switches = {"attn_impl": "explicit", **switches}  # explicit path: every matrix product is counted
     return DecoderLM(small_config(d_model=64, d_ff=256, vocab_size=32, **switches)).eval()
 
 
@@ -374,10 +374,10 @@ def test_cache_turns_quadratic_work_linear(ev, seed):
     with torch.no_grad():
         for t in range(n):
             model.decoder(model.embed(prompt, t), cache=cache)
-    held = sum(c["self"][kv].numel() for c in cache for kv in "kv")
+    held = sum(e.numel() for c in cache for e in c["self"].entries)
     ev.record(f"floats in the cache after {n} tokens (2·L·n·d = {2 * cfg.n_layers * n * cfg.d_model})", held)
     assert held == 2 * cfg.n_layers * n * cfg.d_model
-    fast = cost_model(seed, fast_path=True)  # the default path, for the clock
+    fast = cost_model(seed, attn_impl="auto")  # the default path, for the clock
     for c, label in ((True, "cache"), (False, "no cache")):
         ev.record(f"wall time, {n} tokens, batch 1, {label} (s)", wall_seconds(fast, n, c),
                   expect="recorded, not asserted", key=False)

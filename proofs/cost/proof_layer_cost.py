@@ -87,13 +87,13 @@ def base_model_params() -> tuple[int, int]:
 # `FlopCounterMode` sees every matrix product the layer dispatches. With the fast path
 # on, attention is one `F.scaled_dot_product_attention` call, and whether its FLOPs are
 # counted depends on which kernel runs; the proof counts the explicit path
-# (`fast_path=False`) and reports what the fast path shows.
+# (`attn_impl="explicit"`) and reports what the fast path shows.
 
 # %%
 # --8<-- [start:flops]
-def forward_flops(B: int, S: int, H: int, causal: bool = False, fast_path: bool = False, **switches) -> dict:
+def forward_flops(B: int, S: int, H: int, causal: bool = False, attn_impl: str = "explicit", **switches) -> dict:
     """Forward FLOPs of one EncoderLayer, by part, as FlopCounterMode counts them."""
-    layer = EncoderLayer(layer_config(H, fast_path=fast_path, **switches)).eval()
+    layer = EncoderLayer(layer_config(H, attn_impl=attn_impl, **switches)).eval()
     x = torch.randn(B, S, H)
     with FlopCounterMode(display=False) as fc, torch.no_grad():
         layer(x, causal=causal)
@@ -194,7 +194,7 @@ def layer_flops(n: int, d: int, k: int = 3) -> dict:
     """Forward FLOPs of one layer of each kind over n positions of width d (batch 1)."""
     torch.manual_seed(0)
     x = torch.randn(1, n, d)
-    attn = MultiHeadAttention(layer_config(d, fast_path=False)).eval()
+    attn = MultiHeadAttention(layer_config(d, attn_impl="explicit")).eval()
     rnn, gru = nn.RNN(d, d, batch_first=True), nn.GRU(d, d, batch_first=True)
     conv = nn.Conv1d(d, d, k, padding=k // 2)
     out = {}
@@ -228,7 +228,7 @@ def sequential_depths(n: int, d: int = 16) -> dict:
     """Depth of the autograd graph of one layer of each kind over n positions."""
     torch.manual_seed(0)
     x = torch.randn(1, n, d, requires_grad=True)
-    attn = MultiHeadAttention(layer_config(d, fast_path=False))
+    attn = MultiHeadAttention(layer_config(d, attn_impl="explicit"))
     return {
         "attention": graph_depth(attn(x)),
         "RNN": graph_depth(nn.RNN(d, d, batch_first=True)(x)[0]),
@@ -256,7 +256,7 @@ def conv_receptive_fields(n: int, k: int, dilated: bool, seed: int, c: int = 2) 
 def attention_receptive_field(n: int, d: int = 16) -> int:
     """Input positions that output 0 of ONE attention layer depends on (gradient ≠ 0)."""
     x = torch.randn(1, n, d, requires_grad=True)
-    y = MultiHeadAttention(layer_config(d, fast_path=False))(x)
+    y = MultiHeadAttention(layer_config(d, attn_impl="explicit"))(x)
     (g,) = torch.autograd.grad(y[0, 0].sum(), x)
     return int((g[0].abs().sum(-1) > 0).sum())
 
@@ -291,7 +291,7 @@ def dispatch_counts(n: int, d: int = 32, train: bool = False) -> dict:
     """Operations and matrix-product calls dispatched by one attention layer and one nn.RNN over n positions
     (forward, or forward + backward when train)."""
     torch.manual_seed(0)
-    attn, rnn = MultiHeadAttention(layer_config(d, fast_path=False)), nn.RNN(d, d, batch_first=True)
+    attn, rnn = MultiHeadAttention(layer_config(d, attn_impl="explicit")), nn.RNN(d, d, batch_first=True)
     out = {}
     for name, layer in (("attention", attn), ("RNN", rnn)):
         x = torch.randn(2, n, d, requires_grad=train)
@@ -308,7 +308,7 @@ def dispatch_counts(n: int, d: int = 32, train: bool = False) -> dict:
 def wall_seconds(n: int = 256, d: int = 64, repeats: int = 5) -> dict:
     """Median forward time of one attention layer and one nn.RNN (recorded only: machine-dependent)."""
     x = torch.randn(8, n, d)
-    attn, rnn = MultiHeadAttention(layer_config(d, fast_path=False)).eval(), nn.RNN(d, d, batch_first=True)
+    attn, rnn = MultiHeadAttention(layer_config(d, attn_impl="explicit")).eval(), nn.RNN(d, d, batch_first=True)
     out = {}
     for name, run in (("attention", lambda: attn(x)), ("RNN", lambda: rnn(x))):
         times = []
@@ -406,7 +406,7 @@ def test_forward_flops_are_24BSH2_plus_4BS2H(ev, seed):
     causal = forward_flops(B, S, H, causal=True)["total"]
     ev.record("causal mask / no mask, dense kernel", causal / f["total"], expect="1: masked scores are still computed")
     assert causal == f["total"]
-    fast = forward_flops(B, S, H, fast_path=True)
+    fast = forward_flops(B, S, H, attn_impl="auto")
     with OpCounter() as c, torch.no_grad():
         EncoderLayer(layer_config(H)).eval()(torch.randn(B, S, H))
     kernel = next(n for n in c.names if "scaled_dot_product" in n)
@@ -417,7 +417,7 @@ def test_forward_flops_are_24BSH2_plus_4BS2H(ev, seed):
     assert fast["scores and mixing"] in (0, 4 * B * S * S * H)
     for S_ in (32, 256):
         with OpCounter() as c, torch.no_grad():
-            EncoderLayer(layer_config(H, fast_path=False)).eval()(torch.randn(B, S_, H))
+            EncoderLayer(layer_config(H, attn_impl="explicit")).eval()(torch.randn(B, S_, H))
         flops = 24 * B * S_ * H * H + 4 * B * S_ * S_ * H
         ev.record(f"elements written by softmax, LayerNorm, ReLU, adds, scale / matmul FLOPs, S={S_}",
                   c.elementwise / flops, expect="small: each costs a few FLOPs, so a few % at most")
@@ -431,7 +431,7 @@ def test_backward_costs_twice_the_forward(ev, seed):
     """Every weight matmul needs two matmuls backward (input and weight gradient): backward = 2 × forward in FLOPs."""
     torch.manual_seed(seed)
     B, S, H = 2, 32, 64
-    layer = EncoderLayer(layer_config(H, fast_path=False))
+    layer = EncoderLayer(layer_config(H, attn_impl="explicit"))
     fwd, bwd = forward_backward_flops(layer, torch.randn(B, S, H, requires_grad=True))
     ev.record("backward / forward FLOPs, one layer", bwd / fwd, expect="2")
     assert bwd == 2 * fwd
@@ -446,7 +446,7 @@ def test_backward_costs_twice_the_forward(ev, seed):
     assert bwd1 == fwd1 + 4 * B * S * S * H
     # a whole decoder-only LM: forward + backward = 72·B·L·S·H²·(1 + S/(6H) + V/(12HL)) (Korthikanti et al.)
     V, L = 512, 2
-    lm = DecoderLM(layer_config(H, vocab_size=V, n_layers=L, fast_path=False, dropout_emb=0.0))
+    lm = DecoderLM(layer_config(H, vocab_size=V, n_layers=L, attn_impl="explicit", dropout_emb=0.0))
     f, b = forward_backward_flops(lm, torch.randint(0, V, (B, S)))
     ev.record("backward / forward, decoder-only LM with tied embeddings", b / f, expect="2")
     ev.record("forward + backward / 72BLSH²(1 + S/6H + V/12HL)",

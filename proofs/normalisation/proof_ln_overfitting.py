@@ -10,7 +10,7 @@
 # # Does LayerNorm (with residuals) prevent over-fitting?
 #
 # Proofs for the page `docs/normalisation/does-layernorm-prevent-overfitting.md`.
-# Every function builds the shared module (`proofs/transformer.py`) and flips one
+# Every function builds the shared module (`proofs/transformer/`) and flips one
 # switch: `norm` ("layer", or "none"; "batch" only to contrast batch noise) or
 # `residual` (True / False). Dropout is off everywhere except in the one arm
 # that shows what a regulariser does.

@@ -11,7 +11,7 @@
 #
 # Proofs for the pages `docs/normalisation/pre-ln-vs-post-ln.md` and
 # `docs/training/learning-rate-warmup.md` (the warm-up experiment). Every function
-# builds the shared module (`proofs/transformer.py`) and flips one switch:
+# builds the shared module (`proofs/transformer/`) and flips one switch:
 # `norm_position` ("post": LayerNorm(x + f(x)), the paper's; "pre": x + f(LayerNorm(x))
 # plus a final LayerNorm). The warm-up experiment also swaps the learning-rate
 # schedule of `proofs/train.py` for the same schedule without its ramp.

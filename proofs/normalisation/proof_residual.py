@@ -10,7 +10,7 @@
 # # Why residual connections?
 #
 # Proofs for the page `docs/normalisation/residual-connections.md`. Every function
-# below builds the shared module (`proofs/transformer.py`) and flips one switch:
+# below builds the shared module (`proofs/transformer/`) and flips one switch:
 # `residual` (True: x + f(x) around every sub-layer; False: f(x) alone). Some
 # measurements also set `norm="none"` to show a stack without any normalisation.
 # Run it with `pytest proofs/normalisation/proof_residual.py`, or open it as a

@@ -10,7 +10,7 @@
 # # Why multiply the embeddings by √d_model?
 #
 # Proofs for the page `docs/positions/why-scale-embeddings.md`. Every function
-# builds on the shared module (`proofs/transformer.py`) and flips two switches
+# builds on the shared module (`proofs/transformer/`) and flips two switches
 # of its `Embeddings`: `scale_embeddings` (True / False) and `emb_init`
 # ("normal_inv_sqrt_d" = N(0, 1/d_model) as in tensor2tensor, "normal_1" =
 # N(0, 1) as `torch.nn.Embedding`). The answer depends on both.

@@ -10,7 +10,7 @@
 # # Sinusoidal or learned positions? Do they extrapolate?
 #
 # Proofs for the page `docs/positions/learned-vs-sinusoidal.md`. Every function
-# builds on the shared module (`proofs/transformer.py`) and flips one switch:
+# builds on the shared module (`proofs/transformer/`) and flips one switch:
 # `positions` = "sinusoidal" (the paper's fixed table) or "learned" (a trained
 # table of `max_len` rows, initialised N(0, 1)).
 # Run it with `pytest proofs/positions/proof_extrapolation.py`, or open it as a

@@ -10,7 +10,7 @@
 # # Where are weights shared, and why?
 #
 # Proofs for the page `docs/positions/weight-tying.md`. Every function builds on
-# the shared module (`proofs/transformer.py`) and flips one switch:
+# the shared module (`proofs/transformer/`) and flips one switch:
 # `tie_embeddings` = "all" (encoder embedding, decoder embedding and pre-softmax
 # projection are one matrix, as in the paper), "decoder" (decoder embedding and
 # projection only) or "none" (three matrices).

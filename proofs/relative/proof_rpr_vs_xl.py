@@ -13,7 +13,7 @@
 # relative position representations (`positions="shaw"`) and Transformer-XL
 # (`positions="xl"`, with or without `mem_len`) side by side, with the 2017
 # absolute sinusoids (`positions="sinusoidal"`) as the baseline. Everything runs
-# on the shared module (`proofs/transformer.py`); the measurements of the two
+# on the shared module (`proofs/transformer/`); the measurements of the two
 # single-method pages are imported from their proof files, not copied:
 # `influence`, `predicted_reach`, `gradient_reach` (Transformer-XL) and
 # `shift_change` (Shaw). Run it with `pytest proofs/relative/proof_rpr_vs_xl.py`,
@@ -47,7 +47,7 @@ from proofs.transformer import (
 CHANCE = 1 / (V - 1)  # tokens are drawn from 1..V-1: a blind guess is right 1 time in 15
 KINDS = {"absolute": "sinusoidal", "Shaw": "shaw", "XL": "xl"}  # the three columns of the page's table
 # the paper-sized layer for counting: the 2017 base model, Shaw's base clipping distance
-PAPER = TransformerConfig(d_model=512, n_heads=8, d_ff=2048, rel_clip=16, max_len=512, fast_path=False)
+PAPER = TransformerConfig(d_model=512, n_heads=8, d_ff=2048, rel_clip=16, max_len=512, attn_impl="explicit")
 
 
 def attention(kind: str, cfg: TransformerConfig) -> MultiHeadAttention:
@@ -84,7 +84,7 @@ def split_terms(attn: MultiHeadAttention, q: torch.Tensor, k: torch.Tensor) -> d
 def score_anatomy(seed: int, t_q: int = 6, mem: int = 5) -> dict:
     """Terms present (RMS) and the value-side position term, for plain, Shaw and XL attention on the same inputs."""
     torch.manual_seed(seed)
-    mods = {kind: attention(kind, BASE.replace(fast_path=False)).double().eval() for kind in KINDS}
+    mods = {kind: attention(kind, BASE.replace(attn_impl="explicit")).double().eval() for kind in KINDS}
     with torch.no_grad():
         mods["XL"].u.normal_()  # trained biases are not ~0: give (c) and (d) the size of (a) and (b)
         mods["XL"].v.normal_()
@@ -104,7 +104,7 @@ def score_anatomy(seed: int, t_q: int = 6, mem: int = 5) -> dict:
         out["XL gap to score_terms"] = max((own[n] - out["XL"]["terms"][n]).abs().max().item() for n in "abcd")
         shaw = mods["Shaw"]
         q, k = out["Shaw"]["q"], out["Shaw"]["k"]
-        a_k = shaw.rel_k[0][shaw.rel_index(t_q, mem + t_q)]  # (Tq, Tk, hs): a^K_ij = w^K[clip(j-i, k) + k]
+        a_k = shaw.rel_k[0][shaw.rel_index(t_q, mem + t_q)[0, 0]]  # (Tq, Tk, hs): a^K_ij = w^K[clip(j-i, k) + k]
         direct = torch.einsum("bhid,ijd->bhij", q, a_k) * shaw.scale  # q_i·a^K_ij, pair by pair
         out["Shaw (b) gap to q·a^K"] = (out["Shaw"]["terms"]["b"] - direct).abs().max().item()
         shaw.rel_k.zero_()
@@ -161,7 +161,7 @@ def distinct_position_vectors(window: int = 64) -> dict[str, int]:
     torch.manual_seed(0)
     shaw, xl = attention("Shaw", PAPER), attention("XL", PAPER)
     with torch.no_grad():
-        a_k = shaw.rel_k[0][shaw.rel_index(window, window)]  # (T, T, hs): the a^K_ij of every pair
+        a_k = shaw.rel_k[0][shaw.rel_index(window, window)[0, 0]]  # (T, T, hs): the a^K_ij of every pair
         i, j = torch.arange(window)[:, None], torch.arange(window)[None, :]
         r = xl.sinusoids(i - j)  # (T, T, C): R_{i-j} of every pair (W_kR then maps each one)
     return {"Shaw": len(torch.unique(a_k.reshape(-1, a_k.shape[-1]), dim=0)),
@@ -184,7 +184,7 @@ def distinct_position_vectors(window: int = 64) -> dict[str, int]:
 # - `saved_tensors_hooks` add up the bytes autograd keeps for the backward pass
 #   (distinct storages, weights excluded): the activation memory a training step holds.
 #
-# The plain baseline runs its explicit path (`fast_path=False`), the one the relative
+# The plain baseline runs its explicit path (`attn_impl="explicit"`), the one the relative
 # variants must take: they override `score`, so `F.scaled_dot_product_attention`'s
 # fused kernel cannot compute them. Wall time is measured and recorded, never asserted.
 
@@ -232,7 +232,7 @@ def attention_cost(kind: str, batch: int = 8, seg: int = 128, mem: int = 0) -> d
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         attn(x.requires_grad_(), kv, causal=True)
-    fused = attention(kind, PAPER.replace(fast_path=True)).eval()
+    fused = attention(kind, PAPER.replace(attn_impl="auto")).eval()
     return {"flops": flops.get_total_flops(), "elementwise": tally.elementwise, "largest": tally.largest,
             "largest op": tally.largest_op, "saved": sum(saved.values()), "fused kernel": fused.uses_fast_path()}
 

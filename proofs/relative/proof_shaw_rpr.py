@@ -10,7 +10,7 @@
 # # What are relative position representations?
 #
 # Proofs for the page `docs/relative/rpr.md`. Every function below builds on the
-# shared module (`proofs/transformer.py`) and flips one switch: `positions`
+# shared module (`proofs/transformer/`) and flips one switch: `positions`
 # ("shaw" against "sinusoidal", "learned" or "none") or `rel_clip` (the clipping
 # distance k). Run it with `pytest proofs/relative/proof_shaw_rpr.py`, or open it
 # as a notebook with `jupytext --to notebook proofs/relative/proof_shaw_rpr.py`.
@@ -76,7 +76,7 @@ def zero_tables_match_plain_attention(seed: int) -> float:
     """Largest gap between ShawAttention with zeroed tables and MultiHeadAttention with the same weights."""
     torch.manual_seed(seed)
     shaw = ShawAttention(tiny("shaw")).double().eval()
-    plain = MultiHeadAttention(tiny("sinusoidal", fast_path=False)).double().eval()
+    plain = MultiHeadAttention(tiny("sinusoidal", attn_impl="explicit")).double().eval()
     plain.load_state_dict({k: v for k, v in shaw.state_dict().items() if not k.startswith("rel_")})
     with torch.no_grad():
         shaw.rel_k.zero_()
@@ -217,7 +217,7 @@ def trained_probe(positions: str, seed: int) -> list[float]:
 
 def attention_flops(T: int = 64, k: int = 16) -> dict[str, int]:
     """Matrix-product FLOPs of one self-attention call (d_model 64, 4 heads), plain and Shaw."""
-    cfg = TransformerConfig(d_model=64, n_heads=4, rel_clip=k, fast_path=False)
+    cfg = TransformerConfig(d_model=64, n_heads=4, rel_clip=k, attn_impl="explicit")
     out = {}
     for name, attn in (("plain", MultiHeadAttention(cfg)), ("shaw", ShawAttention(cfg.replace(positions="shaw")))):
         with FlopCounterMode(display=False) as fc, torch.no_grad():

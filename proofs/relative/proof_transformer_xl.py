@@ -10,7 +10,7 @@
 # # How does Transformer-XL reach beyond its segment?
 #
 # Proofs for the page `docs/relative/transformer-xl.md`. Everything runs on the
-# shared module (`proofs/transformer.py`): `positions="xl"` selects `XLAttention`
+# shared module (`proofs/transformer/`): `positions="xl"` selects `XLAttention`
 # (relative scores with the four terms (a)-(d)), `mem_len` sets how many states
 # per layer the segment recurrence keeps, and `DecoderLM.forward_with_memory`
 # processes one segment and returns the detached memory for the next. The

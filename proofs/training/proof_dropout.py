@@ -10,7 +10,7 @@
 # # Where does dropout go, and what happens at test time?
 #
 # Proofs for the page `docs/training/dropout.md`. The shared module
-# (`proofs/transformer.py`) has one probability per dropout site, each a visible
+# (`proofs/transformer/`) has one probability per dropout site, each a visible
 # `nn.Dropout` module: `dropout_emb` (module `drop_emb`, on embeddings + positions),
 # `dropout_residual` (`drop_residual`, on each sub-layer's output before add & norm),
 # `dropout_attn` (`drop_attn`, on the softmax weights) and `dropout_ffn`
@@ -173,8 +173,8 @@ def test_four_sites_active_in_training_identity_in_eval(ev, seed):
     p = 0.3
     ids = random_tokens(torch.Generator().manual_seed(seed), 32, 16, V)
     torch.manual_seed(seed)
-    # fast_path=False keeps attention on the explicit path in evaluation too, so drop_attn is called there
-    model = EncoderTagger(tiny(dropout_emb=p, dropout_residual=p, dropout_attn=p, dropout_ffn=p, fast_path=False))
+    # attn_impl="explicit" keeps attention on the explicit path in evaluation too, so drop_attn is called there
+    model = EncoderTagger(tiny(dropout_emb=p, dropout_residual=p, dropout_attn=p, dropout_ffn=p, attn_impl="explicit"))
     on, off = watch_sites(model.train(), ids), watch_sites(model.eval(), ids)
     for site in SITES:
         ev.record(f"{site}: calls per forward (2 layers)", on[site]["calls"], key=False)
@@ -207,7 +207,7 @@ def test_inverted_dropout_needs_nothing_at_test_time(ev, seed):
     assert rel < 0.02 and torch.equal(nn.Dropout(p).eval()(x), x)
 
     torch.manual_seed(seed)  # a model trained with dropout 0.1 at all four sites on the clean lookup task
-    model = EncoderTagger(tiny(dropout_emb=p, dropout_residual=p, dropout_attn=p, dropout_ffn=p, fast_path=False))
+    model = EncoderTagger(tiny(dropout_emb=p, dropout_residual=p, dropout_attn=p, dropout_ffn=p, attn_impl="explicit"))
     train(model, fixed_batches(lambda g, b, t, v: noisy_lookup(g, b, t, noise=0.0), 1000 + seed, 16, 8, V), 100, lr=3e-3)
     xv, yv = noisy_lookup(torch.Generator().manual_seed(10_000 + seed), 256, noise=0.0)
     results = {}

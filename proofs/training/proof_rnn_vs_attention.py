@@ -13,7 +13,7 @@
 # sequence model: the gradient that a readout of the LAST output sends back to the input
 # at each earlier position, as a function of the distance between them. The models are
 # `torch.nn` recurrences (tanh RNN, LSTM, GRU) and the causal stack of the shared
-# `DecoderLM` (`proofs/transformer.py`). Then a task whose answer is the first token of the
+# `DecoderLM` (`proofs/transformer/`). Then a task whose answer is the first token of the
 # sequence, asked for at the last position.
 # Run it with `pytest proofs/training/proof_rnn_vs_attention.py`, or open it as a notebook
 # with `jupytext --to notebook proofs/training/proof_rnn_vs_attention.py`.

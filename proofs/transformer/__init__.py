@@ -1,0 +1,47 @@
+"""The one shared Transformer that every proof on the site flips switches of.
+
+Every design choice a question asks about is one field of `TransformerConfig`; the defaults are those
+of Vaswani et al. (2017). Read the files in this order, each opens with what it holds:
+
+    config.py       TransformerConfig (one field per switch, a comment each) and ConfigError
+    positions.py    sinusoids, rotary angles and their long-context scalings, ALiBi slopes, T5 buckets
+    norms.py        LayerNorm, RMSNorm, token-wise BatchNorm
+    attention.py    MultiHeadAttention (MHA/GQA/MQA; score, bias, mix, place hooks; explicit, fused, tiled paths)
+    variants.py     attention variants that override those hooks: additive, Shaw, XL, RoPE, ALiBi, T5
+    latent.py       multi-head latent attention (MLA), materialised and absorbed
+    feedforward.py  the FFN, the GLU family, mixture of experts
+    layers.py       residual sub-layers (Post-LN, Pre-LN, DeepNorm, parallel) and encoder/decoder layers
+    cache.py        key/value caches: contiguous, rolling (sliding window), paged
+    models.py       embeddings, stacks, EncoderTagger, DecoderLM, EncoderDecoder, initialisation
+    decoding.py     greedy decoding (and the samplers built on the same next-token function)
+
+Shape comments use B = batch, T = time (Tq queries, Tk keys), nh = query heads, n_kv = key/value
+heads, hs = head size (d_k = d_v = d_model / n_heads), C = d_model, V = vocabulary.
+Mask convention (as in torch.nn): a bool tensor where True marks a position that must NOT be attended to.
+"""
+
+from .attention import MultiHeadAttention, causal_mask, end_aligned, hidden, record_attention, repeat_kv, tiled_attention
+from .cache import BlockPool, KVCache, PagedKVCache, RollingKVCache
+from .config import ConfigError, TransformerConfig
+from .decoding import greedy
+from .feedforward import FeedForward, MoEFeedForward
+from .latent import AbsorbedLatentAttention, LatentAttention
+from .layers import DecoderLayer, EncoderLayer, Residual
+from .models import Decoder, DecoderLM, Embeddings, Encoder, EncoderDecoder, EncoderTagger, Head, init_weights
+from .norms import RMSNorm, TokenBatchNorm, make_norm
+from .positions import (alibi_slopes, apply_rope, rope_cos_sin, rope_inv_freq, rope_permutation, sinusoidal_table,
+                        t5_bucket)
+from .variants import (AdditiveAttention, ALiBiAttention, RotaryAttention, ShawAttention, T5BiasAttention, XLAttention,
+                       make_self_attention, rel_shift)
+
+__all__ = [
+    "TransformerConfig", "ConfigError",
+    "MultiHeadAttention", "AdditiveAttention", "ShawAttention", "XLAttention", "RotaryAttention", "ALiBiAttention",
+    "T5BiasAttention", "LatentAttention", "AbsorbedLatentAttention", "make_self_attention", "rel_shift",
+    "causal_mask", "end_aligned", "hidden", "repeat_kv", "tiled_attention", "record_attention",
+    "sinusoidal_table", "rope_inv_freq", "rope_cos_sin", "apply_rope", "rope_permutation", "alibi_slopes", "t5_bucket",
+    "RMSNorm", "TokenBatchNorm", "make_norm", "FeedForward", "MoEFeedForward",
+    "Residual", "EncoderLayer", "DecoderLayer", "Embeddings", "Encoder", "Decoder", "Head", "init_weights",
+    "EncoderTagger", "DecoderLM", "EncoderDecoder",
+    "KVCache", "RollingKVCache", "PagedKVCache", "BlockPool", "greedy",
+]
