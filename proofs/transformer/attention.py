@@ -275,7 +275,7 @@ class MultiHeadAttention(nn.Module):
         def bias_of(i: slice = slice(None), j: slice = slice(None)) -> Optional[Tensor]:
             return self.bias(q_pos[:, i], k_pos[:, j])
 
-        if self.cfg.attn_impl == "tiled" and not self.record:
+        if self.cfg.attn_impl == "tiled" and not self.record:  # the config admits only the base score and mix here
             y = tiled_attention(q, k, v, self.scale, self.cfg.attn_block, hide_of, bias_of)
         elif self.uses_fast_path():
             hide, b = hide_of(), bias_of()

@@ -191,10 +191,10 @@ class TransformerConfig:
                 "share_qk=True ties W_K to W_Q, but qkv_proj=False has no W_Q or W_K: q = k = x already. "
                 "Set share_qk=False (or qkv_proj=True)."
             )
-        if self.attn_impl == "tiled" and (self.score_fn != "dot" or self.positions in RELATIVE_SCORES):
+        if self.attn_impl == "tiled" and (self.score_fn != "dot" or self.positions in RELATIVE_SCORES or self.mla_absorb):
             raise ConfigError(
-                "attn_impl='tiled' computes q·k block by block (plus any bias), but additive, Shaw and XL scores replace "
-                "the score function itself. Use attn_impl='explicit' or 'auto' with them."
+                "attn_impl='tiled' computes q·k block by block (plus any bias), but additive, Shaw and XL scores and "
+                "absorbed MLA replace the score function itself. Use attn_impl='explicit' or 'auto' with them."
             )
 
     def _check_positions(self) -> None:
