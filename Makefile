@@ -9,7 +9,7 @@ KATEX  := build/npm/node_modules/katex/package.json
 JOBS   ?= 2
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup chromium proofs site serve test bench notebooks clean
+.PHONY: setup chromium proofs site serve test bench seeds notebooks clean
 
 setup: $(VENV)/.installed $(KATEX)
 
@@ -33,7 +33,8 @@ proofs: setup            ## run every proof; writes evidence/ that the site show
 site: proofs
 	$(VENV)/bin/mkdocs build --strict
 
-serve: proofs
+serve: setup             ## reruns only proofs whose evidence is missing, failed or stale; serves even if one fails
+	-$(PY) -m pytest proofs -n $(JOBS) -q --reuse-evidence
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 test: setup chromium     ## what CI runs: proofs first (they write the evidence), then everything else
@@ -42,6 +43,10 @@ test: setup chromium     ## what CI runs: proofs first (they write the evidence)
 
 bench: setup
 	$(PY) bench/bench_encoder_layer.py
+
+SEEDS ?= 20
+seeds: setup             ## every proof under $(SEEDS) random seeds outside 0-29: each test's pass rate
+	$(PY) -m proofs.seeds proofs -n $(SEEDS) --jobs $(JOBS)
 
 notebooks: setup         ## proofs as .ipynb under build/notebooks (never committed)
 	mkdir -p build/notebooks

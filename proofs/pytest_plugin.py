@@ -33,6 +33,11 @@ def registry() -> dict[str, dict]:
 
 def pytest_addoption(parser):
     parser.addoption(
+        "--reuse-evidence",
+        action="store_true",
+        help="skip proofs whose evidence is current: passed, same seed, same code fingerprint (make serve uses it)",
+    )
+    parser.addoption(
         "--proof-seed",
         type=int,
         default=int(os.environ.get("PROOF_SEED", "0")),
@@ -65,9 +70,27 @@ def _claims_of(item) -> list[tuple[str, str]]:
     return out
 
 
+def _is_current(item, seed: int, prints: dict) -> bool:
+    """True when this test's evidence passed, with this seed, against the current code."""
+    proof_rel = _proof_rel(item)
+    doc = E.load(proof_rel, item.name)
+    if doc is None or doc.get("outcome") != "passed" or doc["provenance"].get("seed") != seed:
+        return False
+    if proof_rel not in prints:
+        prints[proof_rel] = E.fingerprint(E.ROOT / proof_rel)
+    return doc["provenance"]["fingerprint"] == prints[proof_rel]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         _claims_of(item)  # fail early on a bad marker
+    if config.getoption("--reuse-evidence"):
+        seed, prints = config.getoption("--proof-seed"), {}
+        reused = [it for it in items if "proofs" in Path(str(it.fspath)).parts and _is_current(it, seed, prints)]
+        if reused:
+            config.hook.pytest_deselected(items=reused)
+            items[:] = [it for it in items if it not in reused]
+        config._proof_reused = len(reused)
 
 
 @pytest.fixture
@@ -148,6 +171,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             props = dict(rep.user_properties)
             for cid, verdict in props.get("claims", []):
                 rows.append((cid, verdict, rep.outcome, rep.nodeid.split("::")[-1], props.get("key_numbers", [])))
+    reused = getattr(config, "_proof_reused", 0)
+    if reused:
+        terminalreporter.write_line(f"{reused} proof tests reused their current evidence (--reuse-evidence); "
+                                    f"`make proofs` reruns them all.")
     if not rows:
         return
     tr = terminalreporter

@@ -13,8 +13,8 @@ its evidence to a scratch folder, then reads every test's outcome and measuremen
     seeds (lists are read element by element), so a threshold can be set several standard deviations
     from the mean instead of just below the seeds one happened to try.
 
---record merges the result into proofs/seed_report.json (one entry per test, with the code fingerprint
-it ran against); the site's "Seeds" page shows it, marked stale when the proof has changed since.
+--record merges the result into bench/seeds/<area>/<proof>.json (one entry per test, with the code
+fingerprint it ran against); the site's seed page shows them, marked stale when the proof has changed since.
 Exit status 1 if any test failed on any seed.
 """
 
@@ -35,8 +35,13 @@ from pathlib import Path
 
 from proofs import evidence as E
 
-REPORT = E.ROOT / "proofs" / "seed_report.json"
+REPORTS = E.ROOT / "bench" / "seeds"  # one recorded report per proof file: bench/seeds/<area>/<proof>.json
 RESERVED = range(0, 30)  # seeds used while the proofs were written: never used to check them
+
+
+def report_path(proof_rel: str) -> Path:
+    """bench/seeds/attention/proof_masks.json for proofs/attention/proof_masks.py."""
+    return REPORTS / Path(proof_rel).relative_to("proofs").with_suffix(".json")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", dest="keyword", help="pytest -k expression: only these tests")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)), help="seeds run at once")
     ap.add_argument("--spread", action="store_true", help="print each measurement's spread over the seeds")
-    ap.add_argument("--record", action="store_true", help=f"merge the result into {REPORT.relative_to(E.ROOT)}")
+    ap.add_argument("--record", action="store_true", help="merge the result into bench/seeds/<area>/<proof>.json")
     ap.add_argument("--json", type=Path, help="also write the full result to this file")
     args = ap.parse_args(argv)
 
@@ -169,11 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
     if args.record:
-        old = json.loads(REPORT.read_text(encoding="utf-8")) if REPORT.exists() else {"tests": {}}
-        for tid, t in result["tests"].items():
-            old["tests"][tid] = {**t, "date": result["date"], "seed_list": seeds}
-        REPORT.write_text(json.dumps(old, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
-        print(f"recorded in {REPORT.relative_to(E.ROOT)}")
+        for proof in sorted({t["proof"] for t in result["tests"].values()}):
+            path = report_path(proof)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"proof": proof, "tests": {}}
+            for t in result["tests"].values():
+                if t["proof"] == proof:
+                    old["tests"][t["test"]] = {**t, "date": result["date"], "seed_list": seeds}
+            path.write_text(json.dumps(old, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+            print(f"recorded in {path.relative_to(E.ROOT)}")
     return 1 if failed_any else 0
 
 

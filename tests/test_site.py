@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +41,41 @@ def test_strict_build_renders_every_question_page(site):
         assert 'class="evidence"' in html, f"{page}: no evidence card"
         assert "<!-- evidence" not in html and "<!-- value" not in html, f"{page}: unrendered marker"
         assert 'class="claims"' in html, f"{page}: no claims table"
+
+
+def test_a_failed_proof_is_shown_loudly_and_only_the_strict_build_fails(tmp_path):
+    """`make serve` must serve the site when a proof fails: the plain build succeeds with a failure card on that
+    page, while `mkdocs build --strict` (the CI build) refuses it."""
+    evidence = tmp_path / "evidence"
+    shutil.copytree(ROOT / "evidence", evidence)
+    page, meta = next(iter(question_pages().items()))
+    test = re.search(r"<!--\s*evidence:\s*(\w+)\s*-->", (ROOT / "docs" / page).read_text(encoding="utf-8"))[1]
+    victim = evidence / meta["proofs"][0] / f"{test}.json"
+    doc = json.loads(victim.read_text(encoding="utf-8"))
+    doc["outcome"], doc["failure"] = "failed", "AssertionError: planted failure"
+    victim.write_text(json.dumps(doc), encoding="utf-8")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PROOF_EVIDENCE_DIR": str(evidence)}
+    build = [sys.executable, "-m", "mkdocs", "build", "-q", "-d"]
+    plain = subprocess.run(build + [str(tmp_path / "plain")], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert plain.returncode == 0, plain.stderr
+    html = (tmp_path / "plain" / page.removesuffix(".md") / "index.html").read_text(encoding="utf-8")
+    assert "Evidence failed" in html and "planted failure" in html
+    strict = subprocess.run(build + [str(tmp_path / "strict"), "--strict"], cwd=ROOT, capture_output=True, text=True,
+                            env=env)
+    assert strict.returncode != 0
+
+
+def test_no_page_shows_an_empty_or_missing_measured_value(site):
+    """Every page, the study pages included: each value marker became a number (never an empty comment)."""
+    empty = re.compile(r'<span class="value"[^>]*>\s*</span>')
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > len(question_pages())
+    for path in pages:
+        html = path.read_text(encoding="utf-8")
+        where = path.relative_to(site)
+        assert "<!-- value" not in html and "&lt;!-- value" not in html, f"{where}: an unrendered value marker"
+        assert "value--missing" not in html, f"{where}: a measured value is missing"
+        assert not empty.search(html), f"{where}: an empty measured value"
 
 
 def test_proof_code_is_included_from_the_file_not_pasted(site):

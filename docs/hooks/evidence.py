@@ -132,8 +132,10 @@ def _evidence_card(page, proof_rel: str, test: str) -> str:
         }[status]
         _problems.append(f"{page.file.src_uri}: evidence for {proof_rel}::{test} is {status}: {why}. Run `{cmd}`.")
         log.warning(_problems[-1])
+        said = (doc or {}).get("failure", "") if status == "failed" else ""
+        said = f" It said: `{said.splitlines()[0][:300]}`." if said else ""
         return (
-            f'\n!!! failure "Evidence {status}: {test}"\n    {why.capitalize()}, so no numbers are shown. '
+            f'\n!!! failure "Evidence {status}: {test}"\n    {why.capitalize()}, so no numbers are shown.{said} '
             f"Run `{cmd}` (or `make proofs`) and rebuild.\n"
         )
     prov = doc["provenance"]
@@ -238,9 +240,11 @@ THIRTY = re.compile(r'^!!! abstract "The 30-second answer"\n((?:    .*\n|\s*\n)+
 FOLLOW_UP = re.compile(r'^\?\?\? question "(?P<q>[^"]+)"\n(?P<a>(?:    .*\n|[ \t]*\n)+)', re.M)
 
 
-AREA_TITLES = {"attention": "Attention", "normalisation": "Normalisation and residuals",
-               "cost": "Cost and complexity",
-               "positions": "Embeddings and positions", "relative": "Relative positions", "training": "Training"}
+AREA_TITLES = {"attention": "Attention", "positions": "Embeddings and positions",
+               "relative": "Relative positions and length", "normalisation": "Normalisation and residuals",
+               "training": "Training", "cost": "Cost and complexity", "inference": "Attention at inference time",
+               "blocks": "The modern block", "scale": "Numbers at scale",
+               "generation": "Generating, tokenising, adapting"}
 
 
 def _by_area() -> dict[str, list[str]]:
@@ -267,6 +271,29 @@ def _moved(text: str, from_uri: str, page) -> str:
     return MD_LINK.sub(fix, text)
 
 
+def _render_values(markdown: str, where: str, proofs: list[str]) -> str:
+    """Replace every `<!-- value: test / name -->` with the measured value from that page's proofs."""
+
+    def value(m: re.Match) -> str:
+        proof_rel = m["proof"] or proofs[0]
+        doc = E.load(proof_rel, m["test"])
+        status = _status(doc, proof_rel)
+        found = [x for x in (doc or {}).get("measurements", []) if x["name"] == m["name"]]
+        if status != "current" or not found:
+            why = status if status != "current" else f"no measurement named {m['name']!r}"
+            _problems.append(f"{where}: inline value {m['test']} / {m['name']} is unavailable ({why}).")
+            log.warning(_problems[-1])
+            return f'<span class="value value--missing">[{why}]</span>'
+        return f'<span class="value" title="measured by {m["test"]}">{html.escape(E.fmt(found[0]["value"]))}</span>'
+
+    return VALUE_MARK.sub(value, markdown)
+
+
+def _copied(text: str, from_uri: str, page) -> str:
+    """A block of question page `from_uri` shown on `page`: its links rewritten, its measured values filled in."""
+    return _render_values(_moved(text, from_uri, page), from_uri, _pages[from_uri].get("proofs") or [])
+
+
 def _cheatsheet(page) -> str:
     out = []
     for area, uris in _by_area().items():
@@ -275,7 +302,7 @@ def _cheatsheet(page) -> str:
             meta, m = _pages[uri], THIRTY.search(_bodies[uri])
             verdicts = ", ".join(f"<code>{c}</code> {_badge(v)}" for c, v in meta["claims"].items())
             out.append(f"### [{meta.get('title', uri)}]({_rel(page, uri)})\n")
-            out.append((_moved(_dedent(m[1]), uri, page) if m else "*(this page has no 30-second answer yet)*") + "\n")
+            out.append((_copied(_dedent(m[1]), uri, page) if m else "*(this page has no 30-second answer yet)*") + "\n")
             out.append(f'<p class="cheat__verdicts">{verdicts}</p>\n')
     return "\n".join(out)
 
@@ -287,7 +314,7 @@ def _flashcards(page) -> str:
         for uri in uris:
             title = _pages[uri].get("title", uri)
             for m in FOLLOW_UP.finditer(_bodies[uri]):
-                answer = "\n".join("    " + ln if ln.strip() else "" for ln in _moved(_dedent(m["a"]), uri, page).splitlines())
+                answer = "\n".join("    " + ln if ln.strip() else "" for ln in _copied(_dedent(m["a"]), uri, page).splitlines())
                 out.append(f'??? question "{m["q"]}"\n{answer}\n\n    *From [{title}]({_rel(page, uri)}).*\n')
     return "\n".join(out)
 
@@ -322,19 +349,7 @@ def on_page_markdown(markdown: str, page, config, files):
             raise PluginError(f"{where}: evidence marker names {proof_rel}, which is not in the page's `proofs:`.")
         return f'<a id="evidence-{m["test"]}"></a>\n' + _evidence_card(page, proof_rel, m["test"])
 
-    def value(m: re.Match) -> str:
-        proof_rel = m["proof"] or proofs[0]
-        doc = E.load(proof_rel, m["test"])
-        status = _status(doc, proof_rel)
-        found = [x for x in (doc or {}).get("measurements", []) if x["name"] == m["name"]]
-        if status != "current" or not found:
-            why = status if status != "current" else f"no measurement named {m['name']!r}"
-            _problems.append(f"{where}: inline value {m['test']} / {m['name']} is unavailable ({why}).")
-            log.warning(_problems[-1])
-            return f'<span class="value value--missing">[{why}]</span>'
-        return f'<span class="value" title="measured by {m["test"]}">{html.escape(E.fmt(found[0]["value"]))}</span>'
-
-    markdown = VALUE_MARK.sub(value, markdown)
+    markdown = _render_values(markdown, where, proofs)
     return EVIDENCE_MARK.sub(card, markdown)
 
 
