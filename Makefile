@@ -1,6 +1,7 @@
 # One command to read the site, one to run every test. Both set everything up first.
 #   make serve   -> venv + packages + KaTeX, run the proofs, serve the site at http://127.0.0.1:8000
-#   make test    -> the same set-up + Chromium, run the proofs, then the model, site and browser tests
+#   make test    -> the same set-up + Chromium, run the proofs, print the cheat sheet, then the model, drill,
+#                   site and browser tests
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -9,7 +10,7 @@ KATEX  := build/npm/node_modules/katex/package.json
 JOBS   ?= 2
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup chromium proofs site serve test bench seeds notebooks clean
+.PHONY: setup chromium proofs site serve test pdf bench seeds notebooks clean
 
 setup: $(VENV)/.installed $(KATEX)
 
@@ -21,11 +22,11 @@ $(VENV)/.installed: pyproject.toml
 $(KATEX):
 	npm install --silent --no-audit --no-fund --prefix build/npm katex@0.16.47
 
-chromium:
-	@command -v chromium >/dev/null || { \
-	  echo "installing Debian's chromium for the browser tests"; \
+chromium:                ## Debian's chromium for the browser tests and the PDF, with CJK fonts for Chinese text
+	@{ command -v chromium >/dev/null && fc-list 2>/dev/null | grep -qi "noto.*cjk"; } || { \
+	  echo "installing Debian's chromium and fonts-noto-cjk for the browser tests"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium fonts-noto-cjk >/dev/null; }
 
 proofs: setup            ## run every proof; writes evidence/ that the site shows
 	$(PY) -m pytest proofs -n $(JOBS) -q
@@ -37,9 +38,13 @@ serve: setup             ## reruns only proofs whose evidence is missing, failed
 	-$(PY) -m pytest proofs -n $(JOBS) -q --reuse-evidence
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
-test: setup chromium     ## what CI runs: proofs first (they write the evidence), then everything else
+test: setup chromium     ## what CI runs: proofs first (they write the evidence), the PDF, then everything else
 	$(PY) -m pytest proofs -n $(JOBS) -q
+	$(PY) docs/hooks/print_pdf.py
 	$(PY) -m pytest tests -n $(JOBS) -q
+
+pdf: setup chromium      ## the cheat sheet as build/pdf/cheat-sheet.pdf (linked from the page by the next build)
+	$(PY) docs/hooks/print_pdf.py
 
 bench: setup
 	$(PY) bench/bench_encoder_layer.py
@@ -54,4 +59,4 @@ notebooks: setup         ## proofs as .ipynb under build/notebooks (never commit
 	  $(VENV)/bin/jupytext --quiet --to notebook -o build/notebooks/$$(basename $$f .py).ipynb $$f; done
 
 clean:
-	rm -rf site evidence build/notebooks .pytest_cache
+	rm -rf site evidence build/notebooks build/site-extra build/pdf build/screenshots .pytest_cache

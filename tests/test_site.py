@@ -6,33 +6,16 @@ terms, the console must stay clean, and no request may leave 127.0.0.1.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import threading
-from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
 from tests.pages import ROOT, question_pages
-
-CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, env=env)
-    assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout}\n{r.stderr}"
-    return out
 
 
 def test_strict_build_renders_every_question_page(site):
@@ -83,56 +66,6 @@ def test_proof_code_is_included_from_the_file_not_pasted(site):
     for page, meta in question_pages().items():
         md = (ROOT / "docs" / page).read_text(encoding="utf-8")
         assert "--8<--" in md, f"{page}: includes no proof code"
-
-
-@pytest.fixture(scope="module")
-def server(site):
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium not found at {CHROMIUM}: install Debian's `chromium` (make test does).")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run", "--disable-quic"],
-        )
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser, server):
-    """A page that records console errors and every request, and blocks anything not on 127.0.0.1."""
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})  # wide: the search box is in the header
-    pg = ctx.new_page()
-    pg.errors, pg.requests = [], []
-    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-
-    def route(r):
-        pg.requests.append(r.request.url)
-        host = urlparse(r.request.url).hostname
-        return r.continue_() if host == "127.0.0.1" or r.request.url.startswith("data:") else r.abort()
-
-    ctx.route("**/*", route)
-    yield pg
-    ctx.close()
-    outside = [u for u in pg.requests if urlparse(u).hostname not in ("127.0.0.1", None)]
-    assert not outside, f"requests left the machine: {outside}"
-    assert not pg.errors, f"console errors: {pg.errors}"
 
 
 def test_question_page_renders_math_and_evidence(page, server):

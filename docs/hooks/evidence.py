@@ -40,6 +40,9 @@ if str(ROOT) not in sys.path:
 
 from proofs import evidence as E  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import study  # noqa: E402  (docs/hooks/study.py: the study material, built from the same pages)
+
 log = logging.getLogger("mkdocs.hooks.evidence")
 KATEX_DIST = ROOT / "build" / "npm" / "node_modules" / "katex" / "dist"
 KATEX_FILES = ["katex.min.js", "katex.min.css", "contrib/auto-render.min.js"]
@@ -51,6 +54,12 @@ _registry: dict[str, dict] = {}
 _pages: dict[str, dict] = {}  # src_uri -> front matter of every question page
 _bodies: dict[str, str] = {}  # src_uri -> Markdown body of every question page (for the study pages)
 _problems: list[str] = []  # evidence that could not be shown as current, reported again after the build
+_questions: list = []  # study.Question of every question page, in navigation order
+_nav: list[str] = []  # page paths in the order of mkdocs.yml's nav
+_drills: dict[str, list[str]] = {}  # page -> its coding drills
+_built: dict[str, str] = {}  # study artefacts present in this build: "pdf", "anki" -> their URIs
+BUILD = ROOT / "build"
+PDF = BUILD / "pdf" / "cheat-sheet.pdf"  # made by `make pdf` (docs/hooks/print_pdf.py), linked when present
 
 
 def _fig_uri(proof_rel: str, file: str) -> str:
@@ -58,7 +67,8 @@ def _fig_uri(proof_rel: str, file: str) -> str:
 
 
 def on_config(config):
-    global _registry
+    global _registry, _nav
+    _nav = study.nav_order(config.get("nav"))
     _registry = yaml.safe_load((ROOT / "proofs" / "claims.yml").read_text(encoding="utf-8"))
     missing = [f for f in KATEX_FILES if not (KATEX_DIST / f).exists()]
     if missing:
@@ -89,7 +99,36 @@ def on_files(files: Files, config) -> Files:
         if meta.get("claims"):
             _pages[f.src_uri] = meta
             _bodies[f.src_uri] = body
+    _questions[:] = study.in_nav_order([study.question(u, m, _bodies[u], AREA_TITLES) for u, m in _pages.items()], _nav)
+    _drills.clear()
+    _drills.update(study.drills(ROOT))
+    # study artefacts: every proof as a notebook, the cards as an Anki deck, the cheat sheet's PDF if made
+    _built.clear()
+    for uri, path in study.notebooks(ROOT, BUILD / "site-extra").items():
+        files.append(File.generated(config, uri, abs_src_path=str(path)))
+    apkg = BUILD / "site-extra" / "study" / "transformer-proofs.apkg"
+    plain = lambda text, uri: MD_PLAIN_LINK.sub(r"\1", _render_values(text, uri, _pages[uri].get("proofs") or []))  # noqa: E731
+    study.anki_deck(_questions, plain, apkg)
+    files.append(File.generated(config, "study/transformer-proofs.apkg", abs_src_path=str(apkg)))
+    _built["anki"] = "study/transformer-proofs.apkg"
+    if PDF.exists():
+        files.append(File.generated(config, "study/cheat-sheet.pdf", abs_src_path=str(PDF)))
+        _built["pdf"] = "study/cheat-sheet.pdf"
     return files
+
+
+def on_page_read_source(page, config):
+    """Question pages get their area, difficulty and "asked often" as tags (the tags page lists them)."""
+    path = Path(page.file.abs_src_path) if page.file.abs_src_path else None
+    if path is None or not path.suffix == ".md":
+        return None
+    text = path.read_text(encoding="utf-8")
+    body, meta = get_data(text)
+    if not meta.get("claims") or not text.startswith("---\n"):
+        return None
+    area = page.file.src_uri.split("/")[0]
+    meta["tags"] = list(dict.fromkeys([*(meta.get("tags") or []), *study.tags_of(meta, AREA_TITLES.get(area, area))]))
+    return "---\n" + yaml.safe_dump(meta, allow_unicode=True, sort_keys=False) + "---\n" + body
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,8 +275,6 @@ def _ledger(page) -> str:
 # Study pages: built from the question pages themselves, so they cannot drift from them
 # ----------------------------------------------------------------------------------------------
 
-THIRTY = re.compile(r'^!!! abstract "The 30-second answer"\n((?:    .*\n|\s*\n)+)', re.M)
-FOLLOW_UP = re.compile(r'^\?\?\? question "(?P<q>[^"]+)"\n(?P<a>(?:    .*\n|[ \t]*\n)+)', re.M)
 
 
 AREA_TITLES = {"attention": "Attention", "positions": "Embeddings and positions",
@@ -247,19 +284,8 @@ AREA_TITLES = {"attention": "Attention", "positions": "Embeddings and positions"
                "generation": "Generating, tokenising, adapting"}
 
 
-def _by_area() -> dict[str, list[str]]:
-    areas: dict[str, list[str]] = {}
-    for uri in sorted(_pages):
-        areas.setdefault(uri.split("/")[0], []).append(uri)
-    return areas
-
-
-def _dedent(block: str) -> str:
-    lines = [ln[4:] if ln.startswith("    ") else ln.strip() for ln in block.rstrip().splitlines()]
-    return "\n".join(ln for ln in lines if not ln.startswith("<div") and ln != "</div>").strip()
-
-
 MD_LINK = re.compile(r"\]\((?!https?:|#|/)([^)\s#]+\.md)(#[^)\s]*)?\)")
+MD_PLAIN_LINK = re.compile(r"\[([^\]]+)\]\((?!https?:)[^)\s]+\)")  # a relative link -> its text (for Anki)
 
 
 def _moved(text: str, from_uri: str, page) -> str:
@@ -294,39 +320,62 @@ def _copied(text: str, from_uri: str, page) -> str:
     return _render_values(_moved(text, from_uri, page), from_uri, _pages[from_uri].get("proofs") or [])
 
 
-def _cheatsheet(page) -> str:
+def _seed_report(page) -> str:
+    """bench/seeds/**.json (written by `python -m proofs.seeds --record`): each test's pass rate over many seeds
+    and the spread of what it measured, marked stale when the proof changed after the sweep."""
+    reports = sorted((ROOT / "bench" / "seeds").rglob("*.json"))
+    if not reports:
+        return "*No seed sweep has been recorded yet: run `python -m proofs.seeds <proof> --record`.*\n"
     out = []
-    for area, uris in _by_area().items():
-        out.append(f"\n## {AREA_TITLES.get(area, area.capitalize())}\n")
-        for uri in uris:
-            meta, m = _pages[uri], THIRTY.search(_bodies[uri])
-            verdicts = ", ".join(f"<code>{c}</code> {_badge(v)}" for c, v in meta["claims"].items())
-            out.append(f"### [{meta.get('title', uri)}]({_rel(page, uri)})\n")
-            out.append((_copied(_dedent(m[1]), uri, page) if m else "*(this page has no 30-second answer yet)*") + "\n")
-            out.append(f'<p class="cheat__verdicts">{verdicts}</p>\n')
-    return "\n".join(out)
+    for path in reports:
+        rep = yaml.safe_load(path.read_text(encoding="utf-8"))
+        proof = rep["proof"]
+        current = (ROOT / proof).exists() and E.fingerprint(ROOT / proof)
+        out.append(f"\n### `{proof}`\n\n| test | seeds | passed | s / seed | recorded | code |\n|---|---|---|---|---|---|")
+        details = []
+        for test, t in sorted(rep["tests"].items()):
+            fresh = "current" if t["fingerprint"] == current else "changed since"
+            out.append(f"| `{test}` | {t['seeds']} | {t['passed']} | {t['seconds']:.2f} | {t['date']} | {fresh} |")
+            rows = "\n".join(f"    | {html.escape(name)} | {E.fmt(m['mean'])} | {E.fmt(m['sd'])} | {E.fmt(m['min'])} | "
+                             f"{E.fmt(m['max'])} | {m['n']} |" for name, m in t["measurements"].items())
+            if rows:
+                details.append(f'??? note "Spread of what `{test}` measured ({t["seeds"]} seeds)"\n'
+                               f"    | measurement | mean | sd | min | max | values |\n    |---|---|---|---|---|---|\n{rows}\n")
+        out.append("\n" + "\n".join(details))
+    return "\n".join(out) + "\n"
 
 
-def _flashcards(page) -> str:
-    out = []
-    for area, uris in _by_area().items():
-        out.append(f"\n## {AREA_TITLES.get(area, area.capitalize())}\n")
-        for uri in uris:
-            title = _pages[uri].get("title", uri)
-            for m in FOLLOW_UP.finditer(_bodies[uri]):
-                answer = "\n".join("    " + ln if ln.strip() else "" for ln in _copied(_dedent(m["a"]), uri, page).splitlines())
-                out.append(f'??? question "{m["q"]}"\n{answer}\n\n    *From [{title}]({_rel(page, uri)}).*\n')
-    return "\n".join(out)
+def _verdicts(page):
+    return lambda q: ", ".join(f"<code>{c}</code> {_badge(v)}" for c, v in q.claims.items())
+
+
+def _study(markdown: str, page) -> str:
+    """The study pages' markers: cheat sheet, flashcards, mock interview."""
+    link = lambda uri: _rel(page, uri)  # noqa: E731
+    copied = lambda text, uri: _copied(text, uri, page)  # noqa: E731
+    if "<!-- cheatsheet -->" in markdown:
+        pdf = _url(page, _built["pdf"]) if "pdf" in _built else None
+        markdown = markdown.replace("<!-- cheatsheet -->", study.cheatsheet(_questions, link, copied, _verdicts(page), pdf))
+    if "<!-- flashcards -->" in markdown:
+        deck = study.deck(_questions, link, copied, _verdicts(page), "cards")
+        anki = (f'<p><a class="md-button" href="{_url(page, _built["anki"])}" download>Download the Anki deck</a></p>\n\n'
+                if "anki" in _built else "")
+        markdown = markdown.replace("<!-- flashcards -->", anki + deck)
+    if "<!-- seed-report -->" in markdown:
+        markdown = markdown.replace("<!-- seed-report -->", _seed_report(page))
+    if "<!-- mock-interview -->" in markdown:
+        markdown = markdown.replace("<!-- mock-interview -->", study.deck(_questions, link, copied, _verdicts(page), "mock"))
+    return markdown
+
+
+THIRTY_PAIR = re.compile(r'(^!!! abstract "The 30-second answer"\n(?:    .*\n|[ \t]*\n)+)(^!!! abstract "30 秒回答"\n(?:    .*\n|[ \t]*\n)+)', re.M)
 
 
 def on_page_markdown(markdown: str, page, config, files):
     meta = page.meta
     if "<!-- ledger -->" in markdown:
         markdown = markdown.replace("<!-- ledger -->", _ledger(page))
-    if "<!-- cheatsheet -->" in markdown:
-        markdown = markdown.replace("<!-- cheatsheet -->", _cheatsheet(page))
-    if "<!-- flashcards -->" in markdown:
-        markdown = markdown.replace("<!-- flashcards -->", _flashcards(page))
+    markdown = _study(markdown, page)
     if not meta.get("claims"):
         return markdown
     where = page.file.src_uri
@@ -341,7 +390,10 @@ def on_page_markdown(markdown: str, page, config, files):
     if missing or not proofs:
         raise PluginError(f"{where}: front matter `proofs:` must list existing proof files; missing {missing or 'all'}.")
 
-    markdown = markdown.replace("<!-- claims -->", _claims_table(page, meta))
+    box = study.run_box(where, proofs, _drills.get(where, []), lambda uri: _url(page, uri))
+    markdown = markdown.replace("<!-- claims -->", _claims_table(page, meta) + box)
+    # English and Chinese 30-second answers side by side (stacked on narrow screens)
+    markdown = THIRTY_PAIR.sub(lambda m: f'<div class="thirty-pair" markdown>\n\n{m[1]}\n{m[2]}\n</div>\n', markdown)
 
     def card(m: re.Match) -> str:
         proof_rel = m["proof"] or proofs[0]

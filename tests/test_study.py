@@ -1,0 +1,156 @@
+"""The study features in a real browser (Debian's Chromium driven by Playwright), over every page.
+
+Every page renders its math, question pages show evidence cards and no empty value, nothing errs in the
+console and no request leaves 127.0.0.1. A flashcard session is driven by the keyboard and survives a
+reload; a mock-interview round runs against its timer; the PDF, the Anki deck and a notebook download
+and open (the notebook executes). Screenshots go to build/screenshots/ (never committed).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCREENSHOTS
+from tests.pages import ROOT, question_pages
+
+KATEX_DONE = ("() => document.querySelectorAll('.arithmatex').length === "
+              "document.querySelectorAll('.arithmatex .katex').length")
+
+
+def _shot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)
+
+
+def test_every_page_renders_cleanly(page, server, site):
+    """Crawl every built page: math rendered, evidence present on question pages, no empty value (the page
+    fixture fails the test on any console error or request off 127.0.0.1)."""
+    questions = {p.removesuffix(".md") + "/" for p in question_pages()}
+    urls = sorted(p.parent.relative_to(site).as_posix() + "/" for p in site.rglob("index.html"))
+    urls = ["" if u == "./" else u for u in urls]
+    assert len(urls) > len(questions)
+    for u in urls:
+        page.goto(f"{server}/{u}")
+        page.wait_for_function(KATEX_DONE, timeout=15_000)
+        assert page.locator(".katex-error").count() == 0, f"/{u}: KaTeX could not parse some math"
+        if u in questions:
+            assert page.locator(".evidence").count() >= 1, f"/{u}: no evidence card"
+            values = page.eval_on_selector_all(".evidence td.num, span.value", "els => els.map(e => e.innerText.trim())")
+            assert values and all(values), f"/{u}: an empty measured value"
+            assert page.locator(".admonition-title:has-text('Run it yourself')").count() == 1, f"/{u}: no run box"
+
+
+def test_home_and_question_pages_screenshots(page, server):
+    page.goto(f"{server}/")
+    _shot(page, "home")
+    page.goto(f"{server}/attention/masks/")
+    page.wait_for_function(KATEX_DONE, timeout=15_000)
+    assert page.locator(".thirty-pair .admonition").count() == 2, "English and Chinese answers side by side"
+    assert page.locator("[lang=zh]").first.inner_text().strip()
+    _shot(page, "question")
+
+
+def test_flashcards_by_keyboard_and_progress_survives_reload(page, server):
+    page.goto(f"{server}/study/flashcards/")
+    page.wait_for_selector(".kb-progress")
+    before = page.inner_text(".kb-progress")
+    due = int(before.split()[0])
+    total = page.locator(".kb-deck .kb-card").count()
+    assert due == total > len(question_pages()), before  # a fresh browser: every card is due
+    first = page.locator(".kb-card.is-current").get_attribute("data-id")
+    assert not page.locator(".kb-card.is-current .kb-card__back").is_visible()
+    page.keyboard.press("Space")
+    assert page.locator(".kb-card.is-current .kb-card__back").is_visible()
+    _shot(page, "flashcard")
+    page.keyboard.press("3")  # easy: due in a day
+    assert page.locator(".kb-card.is-current").get_attribute("data-id") != first
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("Space")
+    page.keyboard.press("1")  # again: due in a minute
+    after = page.inner_text(".kb-progress")
+    assert after.startswith(f"{due - 2} due · 1 learned"), after
+    page.reload()
+    page.wait_for_selector(".kb-progress")
+    assert page.inner_text(".kb-progress") == after  # local storage kept the grades
+    store = json.loads(page.evaluate("localStorage.getItem('kb-study-v1')"))
+    assert store["cards"][first]["box"] == 2
+    # one area's deck, and the Chinese side of a card
+    page.select_option(".kb-areas", "attention")
+    n_attention = page.locator(".kb-card[data-area=attention]").count()
+    assert page.inner_text(".kb-progress").endswith(f"{n_attention} cards")
+    page.click(".kb-lang")
+    zh_cards = page.locator(".kb-card.is-current.has-zh")
+    if zh_cards.count():
+        assert page.locator(".kb-card.is-current .kb-card__front-zh").is_visible()
+    assert "待复习" in page.inner_text(".kb-progress")
+
+
+def test_mock_interview_round(page, server):
+    page.goto(f"{server}/study/mock-interview/")
+    page.wait_for_selector(".kb-start")
+    page.select_option(".kb-seconds", "60")
+    page.click(".kb-start")
+    assert page.locator(".kb-card.is-current").count() == 1
+    page.wait_for_timeout(1200)
+    left = page.inner_text(".kb-timer")
+    assert left.startswith("0:5"), left  # counting down from 1:00
+    page.fill(".kb-notes", "softmax saturates, so ...")
+    page.click(".kb-reveal")
+    assert page.locator(".kb-card.is-current .kb-card__back").is_visible()
+    if page.locator(".kb-card.is-current .kb-card__wrong").count():
+        assert page.locator(".kb-card.is-current .kb-card__wrong").is_visible()
+    _shot(page, "mock-interview")
+    page.click(".kb-grade[data-grade='2']")
+    assert page.inner_text(".kb-round").endswith("2")
+    store = json.loads(page.evaluate("localStorage.getItem('kb-study-v1')"))
+    assert len(store["cards"]) == 1  # the same store as the flashcards
+
+
+def test_cheat_sheet_pdf_downloads_and_has_pages(page, server, tmp_path):
+    page.goto(f"{server}/study/cheat-sheet/")
+    page.wait_for_function(KATEX_DONE, timeout=15_000)
+    _shot(page, "cheat-sheet")
+    assert page.locator(".cheat-area").count() >= 6
+    with page.expect_download() as d:
+        page.click("a[href$='cheat-sheet.pdf']")
+    path = tmp_path / "cheat-sheet.pdf"
+    d.value.save_as(path)
+    data = path.read_bytes()
+    assert data.startswith(b"%PDF") and data.count(b"/Type /Page") > 6
+
+
+def test_anki_deck_has_one_note_per_card(page, server, tmp_path):
+    page.goto(f"{server}/study/flashcards/")
+    n_cards = page.locator(".kb-deck .kb-card").count()
+    with page.expect_download() as d:
+        page.click("a[href$='.apkg']")
+    path = tmp_path / "deck.apkg"
+    d.value.save_as(path)
+    with zipfile.ZipFile(path) as z:
+        z.extract("collection.anki2", tmp_path)
+    con = sqlite3.connect(tmp_path / "collection.anki2")
+    assert con.execute("select count(*) from notes").fetchone()[0] == n_cards
+    con.close()
+
+
+def test_notebook_downloads_and_executes(page, server, tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    page.goto(f"{server}/positions/sinusoidal-encoding/")
+    link = page.locator(".admonition a[download][href$='.ipynb']").first
+    with page.expect_download() as d:
+        link.click()
+    path = tmp_path / "proof.ipynb"
+    d.value.save_as(path)
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert {c.cell_type for c in nb.cells} == {"markdown", "code"}
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
