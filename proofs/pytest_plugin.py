@@ -38,6 +38,11 @@ def pytest_addoption(parser):
         help="skip proofs whose evidence is current: passed, same seed, same code fingerprint (make serve uses it)",
     )
     parser.addoption(
+        "--progress",
+        action="store_true",
+        help="one line per finished proof: its outcome, how many are left, what is running, the time left",
+    )
+    parser.addoption(
         "--proof-seed",
         type=int,
         default=int(os.environ.get("PROOF_SEED", "0")),
@@ -46,6 +51,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if config.getoption("--progress") and not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(Progress(config), "proof-progress")
     config.addinivalue_line(
         "markers", "claim(id, verdict): the proof settles claim `id` (see proofs/claims.yml) with `verdict`"
     )
@@ -187,3 +194,82 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             tr.write_line(f"{'':<11} {nums}")
     seed = config.getoption("--proof-seed")
     tr.write_line(f"(seed {seed}; evidence written to {E.EVIDENCE_DIR.relative_to(E.ROOT) if E.EVIDENCE_DIR.is_relative_to(E.ROOT) else E.EVIDENCE_DIR})")
+
+
+class Progress:
+    """--progress: the terminal says which proofs run, how many are left and about how long that takes.
+
+    The estimate of each proof's time is its run time in its last evidence (else the median of the others),
+    divided among the workers; at the end a summary counts passed, failed and reused proofs and names the
+    slowest files.
+    """
+
+    def __init__(self, config):
+        import time
+
+        self.config, self.time = config, time
+        self.expected: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.done: list[tuple[str, str, float]] = []  # (nodeid, outcome, seconds)
+        self.workers = max(1, int(getattr(config.option, "numprocesses", 0) or 1))
+        self.start = time.perf_counter()
+
+    @staticmethod
+    def _expect(nodeid: str) -> float:
+        path, _, name = nodeid.partition("::")
+        doc = E.load(path, name) if path.startswith("proofs/") else None
+        return float(doc["provenance"]["seconds"]) if doc else float("nan")
+
+    def _plan(self, nodeids) -> None:
+        import math
+        import statistics
+
+        known = {k: self._expect(k) for k in nodeids}
+        seen = [v for v in known.values() if not math.isnan(v)]
+        default = statistics.median(seen) if seen else 1.0
+        self.expected = {k: (default if math.isnan(v) else v) for k, v in known.items()}
+
+    def pytest_collection_finish(self, session):
+        if session.items:  # without xdist; with it the workers report their collections below
+            self._plan([it.nodeid for it in session.items])
+
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        if not self.expected:
+            self._plan(ids)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report, config):
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            return report.outcome, "", report.outcome.upper()  # no progress dot: our line says it
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self.running[nodeid] = self.time.perf_counter()
+
+    def pytest_runtest_logreport(self, report):
+        finished = report.when == "call" or (report.when == "setup" and not report.passed)
+        if not finished or report.nodeid in {d[0] for d in self.done}:
+            return
+        self.running.pop(report.nodeid, None)
+        self.done.append((report.nodeid, report.outcome, report.duration))
+        left = [k for k in self.expected if k not in {d[0] for d in self.done}]
+        eta = sum(self.expected[k] for k in left) / self.workers
+        now = [k.split("::")[-1] for k in self.running][:2]
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        tr.ensure_newline()
+        mark = {"passed": "ok  ", "failed": "FAIL", "skipped": "skip"}[report.outcome]
+        tr.write_line(f"[{len(self.done):>3}/{len(self.expected)}] {mark} {report.nodeid}  {report.duration:.1f} s"
+                      f"  | {len(left)} left, about {int(eta // 60)}:{int(eta % 60):02d}"
+                      + (f" | running {', '.join(now)}" if now else ""))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        tr = terminalreporter
+        counts = {o: sum(1 for d in self.done if d[1] == o) for o in ("passed", "failed", "skipped")}
+        reused = getattr(self.config, "_proof_reused", 0)
+        per_file: dict[str, float] = {}
+        for nodeid, _, sec in self.done:
+            per_file[nodeid.split("::")[0]] = per_file.get(nodeid.split("::")[0], 0.0) + sec
+        tr.write_sep("-", "proof run summary")
+        tr.write_line(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped, {reused} reused "
+                      f"in {self.time.perf_counter() - self.start:.0f} s wall")
+        for f, sec in sorted(per_file.items(), key=lambda kv: -kv[1])[:5]:
+            tr.write_line(f"  slowest: {f}  {sec:.1f} s")
