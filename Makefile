@@ -46,8 +46,9 @@ test: setup chromium     ## what CI runs: proofs first (they write the evidence)
 pdf: setup chromium      ## the cheat sheet as build/pdf/cheat-sheet.pdf (linked from the page by the next build)
 	$(PY) docs/hooks/print_pdf.py
 
-bench: setup
+bench: setup             ## the shared encoder layer vs torch.nn, and the proof suite's time per file in reference units
 	$(PY) bench/bench_encoder_layer.py
+	$(PY) bench/bench_suite.py --workers $(JOBS)
 
 SEEDS ?= 20
 seeds: setup             ## every proof under $(SEEDS) random seeds outside 0-29: each test's pass rate
