@@ -54,9 +54,12 @@ def train(
     betas: tuple[float, float] = (0.9, 0.98),
     clip: float | None = None,
     label_smoothing: float = 0.0,
+    extra_loss: Callable[[nn.Module], Tensor] | None = None,
 ) -> TrainLog:
     """Adam on token cross-entropy. batches(step) -> (inputs, targets); schedule(step) multiplies lr.
 
+    extra_loss(model), if given, is added to the loss that is minimised (e.g. a mixture of experts'
+    load-balancing loss, read after the forward pass); log.loss keeps the token cross-entropy alone.
     Stops early (and records inf) once the loss stops being finite.
     """
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=1e-9)
@@ -67,7 +70,7 @@ def train(
         x, y = batches(step)
         loss = token_loss(model(x), y, label_smoothing)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss + extra_loss(model) if extra_loss else loss).backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else float("inf"))
         log.loss.append(loss.item())
         log.grad_norm.append(gn.item())
