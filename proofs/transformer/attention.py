@@ -92,19 +92,21 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, scale, block: int,
     of query rows i and key columns j. Per query block it keeps a running max m, a running sum l of
     exp(s - m) and an unnormalised output acc; a new key block with a larger max rescales the earlier
     ones by exp(m_old - m_new). No (Tq, Tk) tensor is ever built; the result equals the full softmax.
+    Half-precision inputs are accumulated in float32 tile by tile (m, l, acc), as FlashAttention's kernels do.
     """
     B, nh, t_q, _ = q.shape
     t_k, dv = k.shape[2], v.shape[-1]
+    acc_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     out = q.new_empty(B, nh, t_q, dv)
     for i0 in range(0, t_q, block):
         i = slice(i0, min(i0 + block, t_q))
-        qi = q[:, :, i]  # (B, nh, bq, d)
+        qi = q[:, :, i].to(acc_dtype)  # (B, nh, bq, d)
         m = qi.new_full((B, nh, qi.shape[2], 1), float("-inf"))  # running max of each row
         l = qi.new_zeros(B, nh, qi.shape[2], 1)  # running sum of exp(s - m)
         acc = qi.new_zeros(B, nh, qi.shape[2], dv)  # running sum of exp(s - m) v
         for j0 in range(0, t_k, block):
             j = slice(j0, min(j0 + block, t_k))
-            s = (qi @ k[:, :, j].transpose(-2, -1)) * scale  # (B, nh, bq, bk): one tile of scores
+            s = (qi @ k[:, :, j].to(acc_dtype).transpose(-2, -1)) * scale  # (B, nh, bq, bk): one tile of scores
             b = bias(i, j)
             s = s if b is None else s + b
             h = hide(i, j)
@@ -114,9 +116,9 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, scale, block: int,
             p = torch.exp(s - m_safe)  # (B, nh, bq, bk)
             rescale = torch.exp(m - m_safe)  # shrinks what earlier blocks summed under a smaller max
             l = l * rescale + p.sum(-1, keepdim=True)
-            acc = acc * rescale + p @ v[:, :, j]
+            acc = acc * rescale + p @ v[:, :, j].to(acc_dtype)
             m = m_new
-        out[:, :, i] = acc / l
+        out[:, :, i] = (acc / l).to(out.dtype)
     return out
 # --8<-- [end:tiled]
 
@@ -146,6 +148,11 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = make_norm(cfg.qk_norm, hs, cfg.norm_eps)
         self.k_norm = make_norm(cfg.qk_norm, hs, cfg.norm_eps)
         self.drop_attn = nn.Dropout(cfg.dropout_attn)
+        if cfg.attn_impl == "tiled" and cfg.dropout_attn > 0:
+            raise ConfigError(
+                f"attn_impl='tiled' never forms the attention weights, so dropout_attn={cfg.dropout_attn} would be "
+                f"skipped silently. Set dropout_attn=0 or use attn_impl='explicit' (or 'auto')."
+            )
         if cfg.attn_scale == "learned":  # one temperature per head, starting at 1/sqrt(d_k)
             self.scale = nn.Parameter(torch.full((nh, 1, 1), hs**-0.5))
         else:

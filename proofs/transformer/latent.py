@@ -1,17 +1,21 @@
-"""Multi-head latent attention (MLA, DeepSeek-V2 2024, §2.1): cache one small latent per token, not keys and values.
+"""Multi-head latent attention (MLA, DeepSeek-V2 2024, §2.1.2–2.1.3): cache one small latent per token, not keys and values.
 
-    c_j   = W_DKV x_j                     (d_c = cfg.kv_latent): what the cache keeps, shared by every head
-    k_j,h = W_UK,h c_j    v_j,h = W_UV,h c_j         per-head keys and values, up-projected from the latent
-    with RoPE: q_h = [W_Q,h x_i ; RoPE(W_QR,h x_i)],  k_j,h = [W_UK,h c_j ; RoPE(W_KR x_j)]
-               a decoupled rotary key of mla_rope_dim channels, one for all heads, cached beside c_j
+    c_j   = W_DKV x_j                     (d_c = cfg.kv_latent): what the cache keeps, shared by every head (eq. 9)
+    k_j,h = W_UK,h c_j    v_j,h = W_UV,h c_j         per-head keys and values, up-projected from the latent (eqs. 10-11)
+    with RoPE: q_h = [W_Q,h x_i ; RoPE(W_QR,h x_i)],  k_j,h = [W_UK,h c_j ; RoPE(W_KR x_j)]            (eqs. 14-17)
+               a decoupled rotary key of d_r = mla_rope_dim channels, one for all heads, cached beside c_j,
+               and logits scaled by 1/sqrt(d_head + d_r) (eq. 18); values carry no rotary part
+    cache per token and layer: d_c (+ d_r) numbers, against 2·n_heads·d_head for MHA (Table 1)
 
 Materialised (LatentAttention): up-project the cached latents to keys and values, then attend as usual.
-Absorbed (AbsorbedLatentAttention, cfg.mla_absorb): q_h·(W_UK,h c_j) = (W_UK,hᵀ q_h)·c_j, so the queries
-are mapped into latent space once and attend over the latents directly; on the output side
-Σ_j a_ij W_UV,h c_j = W_UV,h Σ_j a_ij c_j, so W_UV,h can be folded into W_O. Same outputs, no per-token
-up-projection. A rotation between q_h and W_UK,h (RoPE on the up-projected keys) would depend on the
-pair of positions and could not be folded: that is why the rotary part is a separate key.
-(DeepSeek-V2 also compresses the queries through a latent; that saves training memory, not cache, and is left out.)
+Absorbed (AbsorbedLatentAttention, cfg.mla_absorb): q_h·(W_UK,h c_j) = (W_UK,hᵀ q_h)·c_j, so W_UK,h can be
+folded into the query map (W_UK,hᵀ W_Q,h) and the queries attend over the latents directly; on the output
+side Σ_j a_ij W_UV,h c_j = W_UV,h Σ_j a_ij c_j, so W_UV,h can be folded into W_O. Same outputs, no per-token
+up-projection; here the folds are applied as matrix products at run time (W_UK,hᵀ after W_Q, W_UV,h before W_O).
+RoPE on the up-projected keys would put a rotation R_{j-i} between W_Q,h and W_UK,h that depends on the pair
+of positions, so no single folded matrix exists: that is why the rotary part is a separate key (§2.1.3).
+DeepSeek-V2 also compresses the queries through a latent c_Q (eqs. 12-13), which saves activation memory in
+training, not cache; it is left out: the queries (and rotary queries) come from x directly.
 """
 
 from __future__ import annotations
