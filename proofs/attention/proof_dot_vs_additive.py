@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import math
 import time
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from proofs.attention.proof_scale_sqrt_dk import reverse_accuracy
 from proofs.measure import LargestTensor
-from proofs.transformer import TransformerConfig, make_self_attention, record_attention
+from proofs.tasks import reverse_task
+from proofs.train import accuracy, fixed_batches, train
+from proofs.transformer import EncoderTagger, TransformerConfig, make_self_attention, record_attention
 
 LENGTHS = [16, 32, 64, 128, 256]  # sequence lengths n of the cost sweep (d_k = 64 fixed)
+TIMED = [64, 256]  # lengths at which both heads are timed side by side
 D_KS = [16, 64, 256, 1024]  # head sizes of the logit measurements
 ARMS = {  # the three attention scores compared; the rest of the model is the same
     "additive": {"score_fn": "additive"},
@@ -40,41 +42,60 @@ ARMS = {  # the three attention scores compared; the rest of the model is the sa
 
 
 # %% [markdown]
-# ## 1. What each score costs
+# ## 1. What each score costs: counted, then timed
 #
-# One head of size d_k = 64 over n tokens (batch 1). `FlopCounterMode` counts the
-# FLOPs of matrix products only; the elementwise work of the additive score
-# (q_i + k_j and a tanh, for every pair and every channel) it does not see, so we
-# count that from the shapes. A dispatch mode records the largest tensor any
-# operator creates. Both arms use the explicit path (the softmax weights are
-# materialised in both).
+# One head of size d_k = 64 over n tokens (batch 1), both on the explicit path (the
+# softmax weights are materialised in both). `FlopCounterMode` counts the FLOPs of
+# matrix products only; the elementwise work of the additive score (q_i + k_j and a
+# tanh, for every pair and every channel) it does not see, so that part is a formula
+# from the shapes. A dispatch mode records the largest tensor any operator creates.
+# Then the two heads are timed side by side in this process, alternating, and the
+# ratio of their best times is what the test asserts: a ratio, not seconds, because
+# seconds depend on the machine and on what else runs on it.
 
 # %%
 # --8<-- [start:cost]
+def head(score_fn: str, d_k: int = 64):
+    """One head of size d_k on the explicit path, dot product or additive score."""
+    return make_self_attention(TransformerConfig(d_model=d_k, n_heads=1, score_fn=score_fn, attn_impl="explicit"))
+
+
 def attention_cost(n: int, score_fn: str, d_k: int = 64) -> dict:
-    """Counted matmul FLOPs, elementwise score ops (from shapes) and the largest tensor, one head over n tokens."""
-    attn = make_self_attention(TransformerConfig(d_model=d_k, n_heads=1, score_fn=score_fn, attn_impl="explicit")).eval()
+    """Counted matmul FLOPs, elementwise score ops (a formula from shapes) and the largest tensor, over n tokens."""
+    attn = head(score_fn, d_k).eval()
     x = torch.randn(1, n, d_k)
     largest = LargestTensor()
     with torch.no_grad(), FlopCounterMode(display=False) as flops, largest:
         attn(x)
     pairs = n * n  # (i, j) pairs of the one head
-    # additive: q_i + k_j and tanh on every channel of every pair; dot: one 1/√d_k multiply per pair
+    # formula: additive forms q_i + k_j and a tanh on every channel of every pair; dot: one 1/√d_k multiply per pair
     elementwise = 2 * pairs * d_k if score_fn == "additive" else pairs
     return {"matmul_flops": flops.get_total_flops(), "elementwise": elementwise, "largest": largest.largest}
 
 
-def forward_seconds(n: int, score_fn: str, d_k: int = 64, reps: int = 5) -> float:
-    """Best of `reps` timed forwards (recorded only, never asserted: timings depend on the machine)."""
-    attn = make_self_attention(TransformerConfig(d_model=d_k, n_heads=1, score_fn=score_fn, attn_impl="explicit")).eval()
+def best_times(n: int, d_k: int = 64, reps: int = 12, backward: bool = False) -> dict[str, float]:
+    """Best-of-reps seconds of one call of each head, timed alternately (dot, additive, dot, ...) in this process.
+
+    The minimum over repetitions is what load on the machine can only make worse, never better, and
+    alternating the two heads lets both see the same state of the machine."""
+    heads = {fn: head(fn, d_k) for fn in ("dot", "additive")}
     x = torch.randn(1, n, d_k)
-    best = math.inf
-    with torch.no_grad():
-        attn(x)  # warm-up
-        for _ in range(reps):
+
+    def call(attn):
+        if backward:  # a training step's work: forward and backward
+            attn(x).sum().backward()
+        else:
+            with torch.no_grad():
+                attn(x)
+
+    for attn in heads.values():
+        call(attn)  # warm-up
+    best = {fn: math.inf for fn in heads}
+    for _ in range(reps):
+        for fn, attn in heads.items():
             t0 = time.perf_counter()
-            attn(x)
-            best = min(best, time.perf_counter() - t0)
+            call(attn)
+            best[fn] = min(best[fn], time.perf_counter() - t0)
     return best
 # --8<-- [end:cost]
 
@@ -135,15 +156,24 @@ def logit_statistics(d_k: int, seed: int, v_std: float | None = None, batch: int
 # %% [markdown]
 # ## 3. A training run: three scores, same data
 #
-# The reverse task of the √d_k page (`reverse_accuracy` from
-# `proof_scale_sqrt_dk.py`): a 2-layer encoder with one head of size 64, 200 Adam
-# steps, the same batches for every arm; only the score function changes.
+# The reverse task (output the sequence backwards: it needs attention to a position
+# that depends on where the query stands): one encoder layer with one head of size
+# d_k = 64, 200 Adam steps at learning rate 3e-3, batch 16, length 8, the same
+# batches for every arm; only the score function changes. Each arm is trained once
+# per seed (cached), so every test of this file reads the same runs.
 
 # %%
 # --8<-- [start:train]
-def three_arms(seeds: list[int]) -> dict[str, list[float]]:
-    """Reverse-task accuracy of each arm on each seed (2 layers, one head, d_k = 64, 200 steps)."""
-    return {arm: [reverse_accuracy(s, **switches) for s in seeds] for arm, switches in ARMS.items()}
+@cache
+def reverse_accuracy(arm: str, seed: int, steps: int = 200, d_model: int = 64, length: int = 8) -> float:
+    """Accuracy on 256 new sequences after `steps` Adam steps; one head (d_k = d_model), one layer."""
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(vocab_size=16, d_model=d_model, n_heads=1, d_ff=2 * d_model, n_layers=1,
+                            dropout_emb=0.0, dropout_residual=0.0, **ARMS[arm])
+    model = EncoderTagger(cfg)
+    train(model, fixed_batches(reverse_task, 1000 + seed, batch=16, length=length, vocab=16), steps, lr=3e-3)
+    x, y = reverse_task(torch.Generator().manual_seed(10_000 + seed), 256, length, 16)
+    return accuracy(model, x, y)
 # --8<-- [end:train]
 
 
@@ -151,9 +181,10 @@ def three_arms(seeds: list[int]) -> dict[str, list[float]]:
 if __name__ == "__main__":  # notebook / script: flip a switch above and rerun
     for n in LENGTHS:
         print(n, attention_cost(n, "dot"), attention_cost(n, "additive"))
+    print({n: best_times(n) for n in TIMED})
     for d in D_KS:
         print(d, {arm: logit_statistics(d, 0, **sw)["row_std"] for arm, sw in ARMS.items()})
-    print(three_arms([0]))
+    print({arm: reverse_accuracy(arm, 0) for arm in ARMS})
 
 
 # %% [markdown]
@@ -162,6 +193,27 @@ if __name__ == "__main__":  # notebook / script: flip a switch above and rerun
 # %%
 import pytest  # noqa: E402
 
+# --8<-- [start:thresholds]
+# Thresholds, set from the seed sweeps recorded in bench/seeds/attention/proof_dot_vs_additive.json.
+# Timing (seeds 100-139, run while a busy loop and other work kept both cores loaded): the ratio additive / dot
+# was at least 2.3 (n = 64, forward + backward) and 10.6 (n = 256, forward + backward) on every run; the
+# thresholds sit far below those minima. Timings are not a statistic of the seed: their spread is the machine's.
+THRESHOLD_N64 = 1.2
+THRESHOLD_N256 = 3.0
+# Logits (seeds 100-139, mean ± sd of each asserted statistic): unscaled growth 7.95 ± 0.20; scaled growth
+# min 0.994 ± 0.026, max 1.054 ± 0.022; additive flatness 1.24 ± 0.08; additive spread min 0.42 ± 0.04, max
+# 0.65 ± 0.05; unscaled peak 0.951 ± 0.007; additive/scaled peak 0.252 ± 0.006; Jacobian ratio 4.2 ± 0.6;
+# additive with v ~ N(0, 1) peak 0.909 ± 0.012. Every threshold is at least 4 sd from its mean.
+THRESHOLDS_LOGITS = {"unscaled growth": 6, "scaled growth": (0.85, 1.2), "flat": 1.6, "additive spread": (0.25, 1.0),
+                     "saturated": 0.9, "soft": 0.5, "jacobian": 1.5, "v saturated": 0.85}
+# Training (one seed per run, as in the test), seeds 100-159: additive − unscaled 0.80 ± 0.04 (min 0.66); scaled −
+# unscaled 0.78 ± 0.07 (min 0.53); additive − scaled 0.02 ± 0.07 (from −0.11 to +0.30). Each threshold is at least
+# 4 sd from its mean. (At learning rate 2e-3 a learning arm was slow on some seeds, and the per-seed differences
+# had tails that no threshold 4 sd from the mean survived: 3e-3 makes both learning arms converge within the budget.)
+THRESHOLDS_TRAIN = {"additive − unscaled dot": 0.5, "scaled dot − unscaled dot": 0.4, "additive − scaled dot": 0.35}
+# --8<-- [end:thresholds]
+
+
 
 def _plot_cost(ev, rows):
     import matplotlib.pyplot as plt
@@ -169,7 +221,7 @@ def _plot_cost(ev, rows):
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for fn, style in (("dot", "o-"), ("additive", "s--")):
         axes[0].loglog(LENGTHS, [r[fn]["matmul_flops"] + r[fn]["elementwise"] for r in rows], style,
-                       label=f"{fn}: matmul + elementwise")
+                       label=f"{fn}: matmul (counted) + elementwise (formula)")
         axes[1].loglog(LENGTHS, [4 * r[fn]["largest"] for r in rows], style, label=fn)
     axes[0].loglog(LENGTHS, [rows[-1]["dot"]["matmul_flops"] * (n / LENGTHS[-1]) ** 2 for n in LENGTHS], ":",
                    color="grey", label="∝ n²")
@@ -181,14 +233,17 @@ def _plot_cost(ev, rows):
     axes[0].legend(fontsize=8)
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    ev.figure(fig, "cost", "Operations (matmul FLOPs counted, elementwise from shapes) and the largest tensor "
-                           "of one attention head against sequence length (below n = d_k the dot product's "
-                           "largest tensor is a d_k × d_k weight).")
+    ev.figure(fig, "cost", "Operations (matmul FLOPs counted, elementwise ops from a formula) and the largest tensor "
+                           "of one attention head of our module against sequence length (below n = d_k the dot "
+                           "product's largest tensor is a d_k × d_k weight).")
 
 
+# --8<-- [start:test_cost]
 @pytest.mark.claim("C-DOT-1", "confirmed")
 def test_both_quadratic_additive_does_more_and_stores_n_n_dk(ev, seed):
-    """Both scores cost O(n²·d_k); the matmuls are the same, but additive adds 2·n²·d_k elementwise ops and an (n, n, d_k) tensor."""
+    """Counts of our module: both heads' work grows as n²; the matmul FLOPs are equal, and the additive score adds
+    2·n²·d_k elementwise operations and an (n, n, d_k) tensor. Would be refuted if either count grew faster than n²
+    or the dot head built a tensor as large as the additive one."""
     d = 64
     rows = [{fn: attention_cost(n, fn, d) for fn in ("dot", "additive")} for n in LENGTHS]
     _plot_cost(ev, rows)
@@ -198,27 +253,43 @@ def test_both_quadratic_additive_does_more_and_stores_n_n_dk(ev, seed):
         assert dot["matmul_flops"] == add["matmul_flops"] == 8 * n * d * d + 4 * n * n * d
         assert add["largest"] == n * n * d  # the (n, n, d_k) tensor q_i + k_j, then tanh of it
         assert dot["largest"] == max(n * n, d * d)  # the (n, n) score matrix (a (d_k, d_k) weight while n < d_k)
-        if n not in (16, 64, 256):
+        if n not in (16, 256):
             continue
-        key = n in (16, 256)
-        ev.record(f"matmul FLOPs (FlopCounterMode), n={n}, dot = additive", dot["matmul_flops"], key=key,
-                  expect="equal: the counter sees only matmuls")
-        score = {"dot": 2 * n * n * d + dot["elementwise"], "additive": 2 * n * n * d + add["elementwise"]}  # q·k or v·tanh
-        ev.record(f"score ops additive / dot, n={n} (a tanh counted as one op)", score["additive"] / score["dot"],
-                  expect="4·d_k / (2·d_k + 1) ≈ 2", key=n == 256)
-        ev.record(f"all ops additive / dot, n={n}", (add["matmul_flops"] + add["elementwise"])
-                  / (dot["matmul_flops"] + dot["elementwise"]), expect="a constant factor < 1.5", key=key)
-        ev.record(f"largest tensor additive / dot, n={n}", add["largest"] / dot["largest"],
-                  expect="d_k = 64 once n ≥ d_k", key=key)
+        ev.record(f"matmul FLOPs (FlopCounterMode, count of our module), n={n}, dot = additive",
+                  dot["matmul_flops"], expect="equal: the counter sees only matmuls", key=n == 256)
+        score = {"dot": 2 * n * n * d + dot["elementwise"], "additive": 2 * n * n * d + add["elementwise"]}
+        ev.record(f"score ops additive / dot, n={n} (formula from shapes, a tanh counted as one op)",
+                  score["additive"] / score["dot"], expect="4·d_k / (2·d_k + 1) ≈ 2", key=n == 256)
+        ev.record(f"all ops additive / dot, n={n} (counted matmuls + formula)", (add["matmul_flops"] + add["elementwise"])
+                  / (dot["matmul_flops"] + dot["elementwise"]), expect="a constant factor < 1.5", key=n == 256)
+        ev.record(f"largest tensor additive / dot, n={n} (recorded in our module)", add["largest"] / dot["largest"],
+                  expect="d_k = 64 once n ≥ d_k", key=n == 256)
     # O(n²): doubling n multiplies every count by less than 4 and by more than 2 (the projections are linear in n)
     for fn in ("dot", "additive"):
         total = [r[fn]["matmul_flops"] + r[fn]["elementwise"] for r in rows]
         ratios = [b / a for a, b in zip(total, total[1:])]
         assert all(2 < r < 4 for r in ratios) and ratios == sorted(ratios)  # approaching 4 from below
-    for n in (64, 256):
-        ev.record(f"forward time additive / dot (explicit path), n={n}",
-                  forward_seconds(n, "additive") / forward_seconds(n, "dot"),
-                  expect="> 1 (machine and threads: see provenance; not asserted)", key=n == 256)
+# --8<-- [end:test_cost]
+
+
+# --8<-- [start:test_time]
+@pytest.mark.claim("C-DOT-1", "confirmed")
+def test_dot_product_is_faster_measured_side_by_side(ev, seed):
+    """Measured, not derived: the two heads timed alternately in one process; the additive head takes several
+    times as long, forward and forward + backward, at n = 64 and 256. Would be refuted if the ratio of best times
+    fell to 1 or below (the extra elementwise work costing nothing next to the matmul)."""
+    ratios = {}
+    for n in TIMED:
+        for mode, backward in (("forward", False), ("forward + backward", True)):
+            t = best_times(n, backward=backward)
+            ratios[n, mode] = t["additive"] / t["dot"]
+            ev.record(f"time additive / dot, {mode}, n={n} (best of 12, alternating)", ratios[n, mode],
+                      expect="> 1: dot is faster", key=n == 256)
+    # Thresholds from the seed sweep (bench/seeds/attention/proof_dot_vs_additive.json), run with both cores busy
+    # with other work: the smallest ratio there sets them, with a wide margin (timings, not statistics of a seed).
+    assert min(ratios[64, m] for m in ("forward", "forward + backward")) > THRESHOLD_N64
+    assert min(ratios[256, m] for m in ("forward", "forward + backward")) > THRESHOLD_N256
+# --8<-- [end:test_time]
 
 
 def _plot_logits(ev, stats):
@@ -243,7 +314,9 @@ def _plot_logits(ev, stats):
 @pytest.mark.claim("C-DOT-2", "confirmed")
 @pytest.mark.claim("C-FOLK-4", "nuanced")
 def test_additive_logits_do_not_grow_with_d_k(ev, seed):
-    """Unscaled q·k spreads as √d_k and saturates the softmax; additive logits, like scaled ones, keep their spread."""
+    """At initialisation, unscaled q·k spreads as √d_k and saturates the softmax; additive logits, like scaled ones,
+    keep a spread of order 1 at every d_k. Would be refuted if the additive spread grew with d_k as the unscaled
+    one does, or if the unscaled rows stayed soft at d_k = 1024."""
     arms = {**ARMS, "additive, v ~ N(0, 1)": {"score_fn": "additive", "v_std": 1.0}}
     seeds = [seed, seed + 1, seed + 2]
     runs = [{arm: {d: logit_statistics(d, s, **sw) for d in D_KS} for arm, sw in arms.items()} for s in seeds]
@@ -253,15 +326,9 @@ def test_additive_logits_do_not_grow_with_d_k(ev, seed):
         for d in (16, 1024):
             ev.record(f"logit spread, {arm}, d_k={d}", runs[0][arm][d]["row_std"], key=d == 1024,
                       expect=grows.get(arm, "flat in d_k"))
-        ev.record(f"max softmax weight, {arm}, d_k=1024 (3 seeds)", [r[arm][1024]["max_weight"] for r in runs])
 
     def worst(f, pick=min):  # a statistic's worst case over the three seeds
         return pick(f(r) for r in runs)
-
-    # exact at every size and seed: |v·tanh(q_i + k_j)| <= ||v||_1
-    assert all(r["additive"][d]["max_abs"] <= r["additive"][d]["v_l1"] for r in runs for d in D_KS)
-    ev.record("largest |logit| / ||v||_1, additive, d_k=1024",
-              runs[0]["additive"][1024]["max_abs"] / runs[0]["additive"][1024]["v_l1"], expect="≤ 1")
 
     def growth(r, arm):
         return r[arm][1024]["row_std"] / r[arm][16]["row_std"]
@@ -269,24 +336,47 @@ def test_additive_logits_do_not_grow_with_d_k(ev, seed):
     def per_v(r):  # spread per unit of ||v||_2 (Var(e) <= ||v||_2^2); one draw of v at d_k = 16 has a noisy norm
         return [r["additive"][d]["row_std"] / r["additive"][d]["v_l2"] for d in D_KS]
 
-    ev.record("spread growth d_k 16 → 1024, unscaled dot (3 seeds)", [growth(r, "dot, unscaled") for r in runs],
-              expect="√64 = 8")
-    ev.record("spread growth d_k 16 → 1024, scaled dot (3 seeds)", [growth(r, "dot, scaled") for r in runs],
-              expect="≈ 1")
-    ev.record("spread / ||v||_2, additive, d_k = 16 … 1024", per_v(runs[0]), expect="flat, < 1")
-    assert worst(lambda r: growth(r, "dot, unscaled")) > 6
-    assert 0.8 < worst(lambda r: growth(r, "dot, scaled")) <= worst(lambda r: growth(r, "dot, scaled"), max) < 1.25
-    assert worst(lambda r: max(per_v(r)), max) < 1  # flat up to the noise of one head, against × 8 unscaled:
-    assert worst(lambda r: max(per_v(r)) / min(per_v(r)), max) < 1.5
-    assert all(0.2 < r["additive"][d]["row_std"] < 1.5 for r in runs for d in D_KS)  # order 1 at every d_k
-    assert worst(lambda r: r["dot, unscaled"][1024]["max_weight"]) > 0.9  # saturated, nearly one-hot rows
-    assert worst(lambda r: max(r["additive"][1024]["max_weight"], r["dot, scaled"][1024]["max_weight"]), max) < 0.5
-    jac = [r["additive"][1024]["jacobian_norm"] / r["dot, unscaled"][1024]["jacobian_norm"] for r in runs]
-    ev.record("softmax Jacobian norm, additive / unscaled dot, d_k=1024 (3 seeds)", jac,
-              expect="≫ 1: unscaled rows are one-hot")
-    assert min(jac) > 3
+    # exact at every size and seed (a bound, by construction): |v·tanh(q_i + k_j)| <= ||v||_1
+    assert all(r["additive"][d]["max_abs"] <= r["additive"][d]["v_l1"] for r in runs for d in D_KS)
+    ev.record("largest |logit| / ||v||_1, additive, d_k=1024",
+              runs[0]["additive"][1024]["max_abs"] / runs[0]["additive"][1024]["v_l1"], expect="≤ 1")
+    m = {  # every asserted statistic, worst case over the three seeds (the seed sweep records their spread)
+        "spread growth d_k 16 → 1024, unscaled dot (min of 3 seeds)": worst(lambda r: growth(r, "dot, unscaled")),
+        "spread growth d_k 16 → 1024, scaled dot (min of 3 seeds)": worst(lambda r: growth(r, "dot, scaled")),
+        "spread growth d_k 16 → 1024, scaled dot (max of 3 seeds)": worst(lambda r: growth(r, "dot, scaled"), max),
+        "spread / ||v||_2, additive, largest over d_k (max of 3 seeds)": worst(lambda r: max(per_v(r)), max),
+        "spread / ||v||_2, additive, largest / smallest over d_k (max of 3 seeds)":
+            worst(lambda r: max(per_v(r)) / min(per_v(r)), max),
+        "logit spread, additive, smallest over d_k (min of 3 seeds)":
+            worst(lambda r: min(r["additive"][d]["row_std"] for d in D_KS)),
+        "logit spread, additive, largest over d_k (max of 3 seeds)":
+            worst(lambda r: max(r["additive"][d]["row_std"] for d in D_KS), max),
+        "max softmax weight, unscaled dot, d_k=1024 (min of 3 seeds)":
+            worst(lambda r: r["dot, unscaled"][1024]["max_weight"]),
+        "max softmax weight, additive or scaled dot, d_k=1024 (max of 3 seeds)":
+            worst(lambda r: max(r["additive"][1024]["max_weight"], r["dot, scaled"][1024]["max_weight"]), max),
+        "softmax Jacobian norm, additive / unscaled dot, d_k=1024 (min of 3 seeds)":
+            worst(lambda r: r["additive"][1024]["jacobian_norm"] / r["dot, unscaled"][1024]["jacobian_norm"]),
+        "max softmax weight, additive with v ~ N(0, 1), d_k=1024 (min of 3 seeds)":
+            worst(lambda r: r["additive, v ~ N(0, 1)"][1024]["max_weight"]),
+    }
+    for name, value in m.items():
+        ev.record(name, value, key="growth" in name and "unscaled" in name)
+    # thresholds: THRESHOLDS_LOGITS, from the spread over seeds 100-139 (see the comment there)
+    lo, hi = THRESHOLDS_LOGITS["scaled growth"]
+    assert m["spread growth d_k 16 → 1024, unscaled dot (min of 3 seeds)"] > THRESHOLDS_LOGITS["unscaled growth"]
+    assert lo < m["spread growth d_k 16 → 1024, scaled dot (min of 3 seeds)"]
+    assert m["spread growth d_k 16 → 1024, scaled dot (max of 3 seeds)"] < hi
+    assert m["spread / ||v||_2, additive, largest over d_k (max of 3 seeds)"] < 1  # Var(e) <= ||v||_2^2
+    assert m["spread / ||v||_2, additive, largest / smallest over d_k (max of 3 seeds)"] < THRESHOLDS_LOGITS["flat"]
+    lo, hi = THRESHOLDS_LOGITS["additive spread"]
+    assert lo < m["logit spread, additive, smallest over d_k (min of 3 seeds)"]
+    assert m["logit spread, additive, largest over d_k (max of 3 seeds)"] < hi
+    assert m["max softmax weight, unscaled dot, d_k=1024 (min of 3 seeds)"] > THRESHOLDS_LOGITS["saturated"]
+    assert m["max softmax weight, additive or scaled dot, d_k=1024 (max of 3 seeds)"] < THRESHOLDS_LOGITS["soft"]
+    assert m["softmax Jacobian norm, additive / unscaled dot, d_k=1024 (min of 3 seeds)"] > THRESHOLDS_LOGITS["jacobian"]
     # the fan-in scaling of v does for additive what 1/√d_k does for q·k: drop it and additive saturates too
-    assert worst(lambda r: r["additive, v ~ N(0, 1)"][1024]["max_weight"]) > 0.85
+    assert m["max softmax weight, additive with v ~ N(0, 1), d_k=1024 (min of 3 seeds)"] > THRESHOLDS_LOGITS["v saturated"]
 # --8<-- [end:test_logits]
 
 
@@ -294,17 +384,23 @@ def test_additive_logits_do_not_grow_with_d_k(ev, seed):
 @pytest.mark.claim("C-DOT-2", "confirmed")
 @pytest.mark.claim("C-FOLK-4", "nuanced")
 def test_additive_beats_only_the_unscaled_dot_product(ev, seed):
-    """At d_k = 64 additive attention learns where unscaled dot-product stalls; the scaled dot product learns as well."""
-    acc = three_arms([seed, seed + 1, seed + 2])
-    for arm, values in acc.items():
-        ev.record(f"reverse accuracy, {arm} (3 seeds)", values,
-                  expect="stalls near chance (1/15)" if arm == "dot, unscaled" else "learns")
-    mean = {arm: sum(v) / len(v) for arm, v in acc.items()}
-    ev.record("additive − unscaled dot, worst seed pair", min(acc["additive"]) - max(acc["dot, unscaled"]),
-              expect="> 0.5: additive wins")
-    ev.record("additive − scaled dot, mean of 3 seeds", mean["additive"] - mean["dot, scaled"],
-              expect="|·| < 0.1: no winner")
-    assert min(acc["additive"]) - max(acc["dot, unscaled"]) > 0.5  # C-DOT-2: against the unscaled dot product
-    assert min(acc["dot, scaled"]) - max(acc["dot, unscaled"]) > 0.5  # the scale closes the gap ...
-    assert abs(mean["additive"] - mean["dot, scaled"]) < 0.1  # ... so additive does not beat the scaled one
+    """At d_k = 64 additive attention learns the reverse task where the unscaled dot product stalls; the scaled dot
+    product learns as well, and additive does not beat it. Would be refuted (C-DOT-2) if additive did not beat the
+    unscaled arm; the folk claim (additive better at large d, scale or not) would be confirmed if additive beat the
+    scaled arm by a margin like the one it has over the unscaled arm."""
+    acc = {arm: reverse_accuracy(arm, seed) for arm in ARMS}
+    for arm, value in acc.items():
+        ev.record(f"reverse accuracy, {arm}", value,
+                  expect="stalls near chance (1/15) plus position luck" if arm == "dot, unscaled" else "learns")
+    gaps = {
+        "additive − unscaled dot": acc["additive"] - acc["dot, unscaled"],
+        "scaled dot − unscaled dot": acc["dot, scaled"] - acc["dot, unscaled"],
+        "additive − scaled dot": acc["additive"] - acc["dot, scaled"],
+    }
+    for name, gap in gaps.items():
+        ev.record(f"accuracy gap, {name}", gap)
+    # thresholds: THRESHOLDS_TRAIN, from seeds 100-159 (see the comment there for mean ± sd and the margins)
+    assert gaps["additive − unscaled dot"] > THRESHOLDS_TRAIN["additive − unscaled dot"]  # C-DOT-2
+    assert gaps["scaled dot − unscaled dot"] > THRESHOLDS_TRAIN["scaled dot − unscaled dot"]  # the scale closes it
+    assert gaps["additive − scaled dot"] < THRESHOLDS_TRAIN["additive − scaled dot"]  # ... additive does not win
 # --8<-- [end:test_train]

@@ -18,6 +18,8 @@
 # %%
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -126,7 +128,8 @@ def paper_multi_head(x, heads, w_o):
 # n² tokens (at the two ends the missing neighbour is the token itself). One encoder layer,
 # so the two lookups must happen in one attention sub-layer: with two layers one head could
 # fetch one neighbour per layer. d_model = 32, the same for both arms: 1 head of 32 against
-# 2 heads of 16. Same seeds and batches for both arms.
+# 2 heads of 16. 300 Adam steps at learning rate 6e-3, batch 32, length 10; same seed and batches
+# for both arms, each trained once per seed (cached).
 
 # %%
 N_SYMBOLS, T = 4, 10
@@ -152,12 +155,13 @@ def attention_profile(model: EncoderTagger, x) -> torch.Tensor:
     return torch.stack([w[:, :, t, t + o].mean((0, 2)) for o in OFFSETS], dim=-1)
 
 
-def train_heads(n_heads: int, seed: int, d_model: int = 32, steps: int = 600) -> dict:
+@cache
+def train_heads(n_heads: int, seed: int, d_model: int = 32, steps: int = 300) -> dict:
     torch.manual_seed(seed)
     cfg = TransformerConfig(vocab_size=VOCAB, d_model=d_model, n_heads=n_heads, d_ff=2 * d_model, n_layers=1,
                             dropout_emb=0.0, dropout_residual=0.0)
     model = EncoderTagger(cfg)
-    log = train(model, fixed_batches(neighbours_task, 100 + seed, batch=32, length=T, vocab=VOCAB), steps, lr=2e-3)
+    log = train(model, fixed_batches(neighbours_task, 100 + seed, batch=32, length=T, vocab=VOCAB), steps, lr=6e-3)
     x, y = neighbours_task(torch.Generator().manual_seed(10_000 + seed), 512, T)
     smooth = [sum(log.loss[i:i + 20]) / 20 for i in range(steps - 19)]  # 20-step running mean of the loss
     return {
@@ -187,8 +191,9 @@ import pytest  # noqa: E402
 @pytest.mark.claim("C-MHA-2", "confirmed")
 @pytest.mark.claim("C-FOLK-8", "refuted")
 def test_splitting_heads_keeps_parameters_and_matmul_flops(ev, seed):
-    """At fixed d_model, 1, 2, 4 or 8 heads have the same parameters and the same matrix-product FLOPs;
-    only the softmax, B·h·T² entries, grows with h."""
+    """Counts of our module (parameters by numel, matrix-product FLOPs by FlopCounterMode on shapes alone): at fixed
+    d_model, 1, 2, 4 or 8 heads have the same parameters and the same matmul FLOPs; only the softmax, B·h·T²
+    entries, grows with h. Would be refuted if any count fell as h grows (C-FOLK-8) or depended on h (C-MHA-2)."""
     torch.manual_seed(seed)
     costs = {h: attention_cost(lambda h=h: split_heads(h)) for h in HEADS}
     B, T, d = BATCH, SEQ, D_MODEL
@@ -214,7 +219,8 @@ def test_splitting_heads_keeps_parameters_and_matmul_flops(ev, seed):
 
 @pytest.mark.claim("C-MHA-3", "confirmed")
 def test_full_width_heads_multiply_the_cost_by_h(ev, seed):
-    """h heads that each keep d_k = d_model cost exactly h times the split layer, in parameters and FLOPs."""
+    """Counts of our module: h heads that each keep d_k = d_model cost exactly h times the split layer, in parameters
+    and FLOPs. Would be refuted if the ratio were anything but h."""
     torch.manual_seed(seed)
     d = D_MODEL
     split = {h: attention_cost(lambda h=h: split_heads(h, bias=False)) for h in HEADS}
@@ -249,7 +255,9 @@ def test_full_width_heads_multiply_the_cost_by_h(ev, seed):
 # --8<-- [start:test_per_head]
 @pytest.mark.claim("C-MHA-4", "confirmed")
 def test_per_head_matrices_are_the_fused_matrix_cut_into_heads(ev, seed):
-    """The paper's 3h+1 matrices, cut from the module's four, give the module's output (float64)."""
+    """The paper's 3h+1 matrices, cut from the module's four, give the module's output (exact up to float64
+    rounding: an identity of our module, by construction). Would be refuted if the outputs differed beyond
+    rounding or the matrix count were not 3h+1."""
     torch.manual_seed(seed)
     h = 8
     attn = MultiHeadAttention(TransformerConfig(d_model=64, n_heads=h)).double().eval()
@@ -269,54 +277,69 @@ def test_per_head_matrices_are_the_fused_matrix_cut_into_heads(ev, seed):
 # --8<-- [end:test_per_head]
 
 
-def _plot(ev, one: list[dict], two: list[dict]) -> None:
+def _plot(ev, one: dict, two: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 4, figsize=(13, 3), gridspec_kw={"width_ratios": [1.6, 1, 1, 1]})
-    for runs, style, label in ((one, "-", "1 head of 32"), (two, "--", "2 heads of 16")):
-        for i, r in enumerate(runs):
-            axes[0].plot(r["loss"], style, color="C0" if style == "-" else "C1", label=label if i == 0 else None)
-    axes[0].set(title="training loss (3 seeds)", xlabel="step", yscale="log")
+    axes[0].plot(one["loss"], "-", color="C0", label="1 head of 32")
+    axes[0].plot(two["loss"], "--", color="C1", label="2 heads of 16")
+    axes[0].set(title="training loss (20-step mean)", xlabel="step", yscale="log")
     axes[0].legend()
-    panels = [(one[0]["profile"][0], "1-head model"), (two[0]["profile"][0], "2-head model, head 1"),
-              (two[0]["profile"][1], "2-head model, head 2")]
+    panels = [(one["profile"][0], "1-head model"), (two["profile"][0], "2-head model, head 1"),
+              (two["profile"][1], "2-head model, head 2")]
     for ax, (p, title) in zip(axes[1:], panels):
         ax.bar(OFFSETS, p.tolist(), color=["C7", "C2", "C7", "C3", "C7"])
         ax.set(title=title, xlabel="key offset j − t", ylim=(0, 0.7), xticks=OFFSETS)
     axes[1].set_ylabel("mean attention weight")
     fig.tight_layout()
     ev.figure(fig, "heads", "Left: training loss of the neighbour-pair task, one head of 32 against two heads of 16. "
-                           "Right: where each head of the first seed's trained models looks (green: t−1, red: t+1).")
+                           "Right: where each head of the trained models looks (green: t−1, red: t+1).")
 
 
 # --8<-- [start:test_heads]
 @pytest.mark.claim("C-MHA-1", "nuanced")
 def test_one_head_mixes_two_relations_and_still_learns(ev, seed):
     """Two relations at once (left and right neighbour): one head of the same total width splits its softmax
-    between them and learns the task as well; two heads share the work out only on some seeds."""
-    seeds = [seed, seed + 1, seed + 2]
-    one = [train_heads(1, s) for s in seeds]
-    two = [train_heads(2, s) for s in seeds]
+    between them, with unequal weights, and learns the task about as well as two heads. Would be confirmed as stated
+    (one head mixes them less well) if the one-head model fell clearly behind, refuted on the mechanism if the one
+    head did not put weight on both neighbours."""
+    one, two = train_heads(1, seed), train_heads(2, seed)
     _plot(ev, one, two)
     left, right = OFFSETS.index(-1), OFFSETS.index(1)
-    ev.record("test accuracy, 1 head of 32 (3 seeds)", [r["acc"] for r in one], expect="≈ 1: one head suffices")
-    ev.record("test accuracy, 2 heads of 16 (3 seeds)", [r["acc"] for r in two], expect="≈ 1")
-    ev.record("steps to training loss < 0.3, 1 head (3 seeds)", [r["steps_to_fit"] for r in one])
-    ev.record("steps to training loss < 0.3, 2 heads (3 seeds)", [r["steps_to_fit"] for r in two])
-    ev.record("training loss over the last 20 steps, 1 head (3 seeds)", [r["loss"][-1] for r in one], key=False)
-    ev.record("training loss over the last 20 steps, 2 heads (3 seeds)", [r["loss"][-1] for r in two], key=False)
-    ev.record("1 head: weight on t−1, t+1 (3 seeds)",
-              [[round(r["profile"][0, left].item(), 2), round(r["profile"][0, right].item(), 2)] for r in one],
+    p = one["profile"][0]
+    ev.record("test accuracy, 1 head of 32", one["acc"], expect="≈ 1: one head suffices")
+    ev.record("test accuracy, 2 heads of 16", two["acc"], expect="≈ 1")
+    ev.record("accuracy, 2 heads − 1 head", two["acc"] - one["acc"], expect="small", key=False)
+    ev.record("1 head: weight on t−1, t+1", [round(p[left].item(), 3), round(p[right].item(), 3)],
               expect="both neighbours, unequal weights")
-    lean = [[round((r["profile"][i, left] - r["profile"][i, right]).item(), 2) for i in range(2)] for r in two]
-    ev.record("2 heads: weight on t−1 minus weight on t+1, per head (3 seeds)", lean,
+    ev.record("1 head: smaller neighbour weight", min(p[left], p[right]).item(), key=False)
+    ev.record("1 head: smaller neighbour weight − largest weight at offset ±2",
+              min(p[left], p[right]).item() - max(p[OFFSETS.index(-2)], p[OFFSETS.index(2)]).item(), key=False)
+    ev.record("1 head: |weight on t−1 − weight on t+1|", abs(p[left] - p[right]).item(), key=False)
+    lean = [(two["profile"][i, left] - two["profile"][i, right]).item() for i in range(2)]
+    ev.record("2 heads: weight on t−1 minus weight on t+1, per head", [round(v, 3) for v in lean],
               expect="opposite signs = the heads split the neighbours")
-    ev.record("seeds whose two heads lean opposite ways", sum(a * b < 0 for a, b in lean), key=False)
-    for r in one:  # the single head takes both neighbours in one softmax, more than any other non-self key
-        p = r["profile"][0]
-        assert min(p[left], p[right]) > 0.1
-        assert min(p[left], p[right]) > max(p[OFFSETS.index(-2)], p[OFFSETS.index(2)])
-        assert abs(p[left] - p[right]) > 0.05  # unequal weights keep the pair's order readable
-    assert min(r["acc"] for r in one) > 0.9  # one head learns it ...
-    assert max(r["acc"] for r in two) - min(r["acc"] for r in one) < 0.1  # ... within a few points of two heads
+    ev.record("2 heads lean opposite ways (1 = yes; its mean over seeds is the share)", float(lean[0] * lean[1] < 0))
+    ev.record("steps to training loss < 0.3, 1 head", one["steps_to_fit"])
+    ev.record("steps to training loss < 0.3, 2 heads", two["steps_to_fit"])
+    ev.record("steps to fit, 1 head − 2 heads (> 0: two heads faster)", one["steps_to_fit"] - two["steps_to_fit"],
+              key=False)
+    ev.record("training loss over the last 20 steps, 1 head", one["loss"][-1], key=False)
+    ev.record("training loss over the last 20 steps, 2 heads", two["loss"][-1], key=False)
+    # thresholds: THRESHOLDS_HEADS, from the spread over seeds 100-139 (comment there)
+    assert min(p[left], p[right]) > THRESHOLDS_HEADS["both neighbours"]  # one softmax takes both neighbours ...
+    assert min(p[left], p[right]) - max(p[OFFSETS.index(-2)], p[OFFSETS.index(2)]) > THRESHOLDS_HEADS["beyond ±2"]
+    assert abs(p[left] - p[right]) > THRESHOLDS_HEADS["unequal"]  # ... with unequal weights: the order stays readable
+    assert one["acc"] > THRESHOLDS_HEADS["one head learns"]
+    assert two["acc"] - one["acc"] < THRESHOLDS_HEADS["close to two heads"]
+
+
+# Thresholds, from seeds 100-139 (one seed per value, as in the test): smaller neighbour weight minus the largest
+# weight at offset ±2 0.151 ± 0.012 (so the smaller neighbour weight is above 0.12 on every seed), threshold 0.05;
+# |left − right| 0.19 ± 0.02 (min 0.10), threshold 0.05; accuracy of one head 0.968 ± 0.031 (min 0.86), threshold
+# 0.8; two heads − one head 0.022 ± 0.033 (max 0.135), threshold 0.2. Every threshold is at least 4 sd away.
+# Recorded, not asserted: the two heads lean opposite ways on 34 of the 40 seeds; two heads reach a training loss
+# below 0.3 sooner on most seeds (one head − two heads: 28 ± 34 steps, from −33 to 102).
+THRESHOLDS_HEADS = {"both neighbours": 0.1, "beyond ±2": 0.05, "unequal": 0.05, "one head learns": 0.8,
+                    "close to two heads": 0.2}
 # --8<-- [end:test_heads]
