@@ -23,7 +23,7 @@ import yaml
 
 from proofs import evidence as E
 
-CLAIM_ID = re.compile(r"^C-[A-Z]+-\d+$")
+CLAIM_ID = re.compile(r"^C-[A-Z][A-Z0-9]*-\d+$")  # C-T5-1: a digit may follow the first letter
 
 
 @lru_cache(maxsize=1)

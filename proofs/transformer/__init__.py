@@ -14,6 +14,8 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     cache.py        key/value caches: contiguous, rolling (sliding window), paged
     models.py       embeddings, stacks, EncoderTagger, DecoderLM, EncoderDecoder, initialisation
     decoding.py     greedy decoding (and the samplers built on the same next-token function)
+    speculative.py  speculative decoding: a draft proposes, the target verifies (exact and folk acceptance rules)
+    batching.py     serving many requests: continuous (iteration-level) vs static batching over a paged cache
 
 Shape comments use B = batch, T = time (Tq queries, Tk keys), nh = query heads, n_kv = key/value
 heads, hs = head size (d_k = d_v = d_model / n_heads), C = d_model, V = vocabulary.
@@ -22,6 +24,7 @@ Mask convention (as in torch.nn): a bool tensor where True marks a position that
 
 from .attention import MultiHeadAttention, causal_mask, end_aligned, hidden, record_attention, repeat_kv, tiled_attention
 from .cache import BlockPool, KVCache, PagedKVCache, RollingKVCache
+from . import batching, speculative  # modules: from proofs.transformer.speculative import speculative_generate
 from .config import ConfigError, TransformerConfig
 from .decoding import greedy
 from .feedforward import FeedForward, MoEFeedForward

@@ -55,11 +55,35 @@ class KVCache:
             self.pos = torch.cat([self.pos.expand(rows, -1), pos.expand(rows, -1)], dim=1)
         return self.entries, self.pos
 
-    def truncate(self, length: int) -> None:
-        """Forget every position from `length` on (speculative decoding rolls back rejected tokens)."""
-        if self.entries is not None:
-            self.entries = tuple(e[:, :, :length] for e in self.entries)
-            self.pos = self.pos[:, :length]
+    @property
+    def has_gaps(self) -> bool:
+        """True when some slot is empty (position -1): rows truncated to different lengths."""
+        return self.pos is not None and bool((self.pos < 0).any())
+
+    def truncate(self, length) -> None:
+        """Forget every position from `length` on (speculative decoding rolls back rejected tokens).
+
+        length: an int (every row) or a (B,) tensor, one length per row. Rows cut shorter than the longest
+        keep their slots as empty ones (position -1, masked by the attention); columns empty in every row go.
+        """
+        if self.entries is None:
+            return
+        if isinstance(length, int):
+            keep = self.pos < length  # (B|1, T)
+        else:
+            length = torch.as_tensor(length, device=self.pos.device)
+            if length.dim() != 1 or length.shape[0] != self.entries[0].shape[0]:
+                raise ConfigError(f"truncate takes an int or one length per row ({self.entries[0].shape[0]}), "
+                                  f"got shape {tuple(length.shape)}.")
+            keep = self.pos < length[:, None]  # (B, T)
+        pos = torch.where(keep, self.pos, -1)
+        used = (pos >= 0).any(dim=0)  # (T,) columns that some row still needs
+        if not bool(used.any()):
+            self.entries, self.pos = None, None
+            return
+        last = int(used.nonzero().max()) + 1
+        self.entries = tuple(e[:, :, :last] for e in self.entries)
+        self.pos = pos[:, :last]
 
     def reorder(self, rows: Tensor) -> None:
         """Keep batch rows `rows` (B',) in that order (beam search: each beam continues some earlier beam)."""
@@ -87,6 +111,9 @@ class RollingKVCache(KVCache):
 
     def update(self, entries: Entries, pos: Tensor) -> tuple[Entries, Tensor]:
         seen_entries, seen_pos = super().update(entries, pos)  # this step reads old + new
+        if self.pos.shape[0] > 1 and not bool((self.pos == self.pos[:1]).all()):
+            raise ConfigError("a rolling cache evicts the same slots in every row, so its rows must sit at the same "
+                              "positions; for rows at different lengths use a paged cache (new_cache('paged')).")
         newest = self.pos.max()
         keep = (self.pos[0] > newest - self.window) | (self.pos[0] < self.sinks)  # (T,) same for every row
         self.entries = tuple(e[:, :, keep] for e in self.entries)
@@ -101,7 +128,8 @@ class BlockPool:
 
     def __init__(self, n_blocks: int, block_size: int):
         if n_blocks < 1 or block_size < 1:
-            raise ConfigError(f"a block pool needs n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}.")
+            raise ConfigError(f"a block pool needs n_blocks >= 1 and block_size >= 1 (tokens per block; vLLM uses 16), "
+                              f"got n_blocks={n_blocks}, block_size={block_size}.")
         self.n_blocks, self.block_size = n_blocks, block_size
         self.free = list(range(n_blocks))[::-1]
         self.storage: Optional[list[Tensor]] = None  # per entry: (n_blocks, heads, block_size, width)
@@ -121,51 +149,76 @@ class PagedKVCache:
     Rows may hold different numbers of tokens (continuous batching). `update` writes each new token into
     its row's last block (taking a fresh block when that one is full) and gathers every row's blocks into
     a (B, heads, T_max, width) view, empty slots at position -1. A sequence wastes less than one block.
+    `use_rows(rows)` makes the next calls serve only those rows (slots), in that order: a batch of the
+    active requests, while idle slots hold nothing.
     """
 
     has_gaps = True  # rows of different lengths: the gathered view has empty slots (position -1)
 
     def __init__(self, pool: BlockPool, batch: int):
+        if batch < 1:
+            raise ConfigError(f"a paged cache needs batch >= 1 rows (slots), got {batch}.")
         self.pool, self.tables = pool, [[] for _ in range(batch)]
         self.lengths = [0] * batch  # tokens stored per row
+        self.rows = list(range(batch))  # the rows the next calls serve (input row b -> cache row rows[b])
+
+    def use_rows(self, rows) -> None:
+        """Serve only these cache rows (slot ids), in this order, until called again."""
+        rows = [int(r) for r in rows]
+        if not rows or len(set(rows)) != len(rows) or not all(0 <= r < len(self.tables) for r in rows):
+            raise ConfigError(f"use_rows needs distinct slot ids in [0, {len(self.tables)}), got {rows}.")
+        self.rows = rows
 
     @property
     def filled(self) -> bool:
-        return any(self.lengths)
+        return any(self.lengths[r] for r in self.rows)
 
     def next_positions(self, batch: int, t_new: int, device=None) -> Tensor:
-        if batch != len(self.tables):
-            raise ConfigError(f"this paged cache has {len(self.tables)} rows, the input has {batch}.")
-        return torch.tensor(self.lengths, device=device)[:, None] + torch.arange(t_new, device=device)[None]
+        if batch != len(self.rows):
+            raise ConfigError(f"this paged cache serves {len(self.rows)} rows, the input has {batch}: "
+                              f"call use_rows() with the slots of this batch.")
+        start = torch.tensor([self.lengths[r] for r in self.rows], device=device)[:, None]  # (B, 1)
+        return start + torch.arange(t_new, device=device)[None]
+
+    def append_slots(self, row: int, t_new: int) -> tuple[Tensor, Tensor]:
+        """Room for t_new more tokens of a row: a fresh block from the pool whenever its last one is full (the
+        block manager's step). Returns each new token's (block, slot) and counts the tokens as stored."""
+        bs, n, table = self.pool.block_size, self.lengths[row], self.tables[row]
+        while len(table) * bs < n + t_new:
+            table.append(self.pool.allocate())
+        logical = torch.arange(n, n + t_new)  # this row's new token slots, in order
+        self.lengths[row] = n + t_new
+        return torch.tensor(table)[logical // bs], logical % bs  # (t_new,) physical block, (t_new,) slot in it
 
     def update(self, entries: Entries, pos: Tensor) -> tuple[Entries, Tensor]:
         pool, bs = self.pool, self.pool.block_size
+        B, t_new = entries[0].shape[0], entries[0].shape[2]
+        if B != len(self.rows):
+            raise ConfigError(f"this paged cache serves {len(self.rows)} rows, the input has {B}: call use_rows().")
         if pool.storage is None:
             pool.storage = [e.new_zeros(pool.n_blocks, e.shape[1], bs, e.shape[3]) for e in entries]
-        B, t_new = entries[0].shape[0], entries[0].shape[2]
-        for b in range(B):
-            for t in range(t_new):
-                n = self.lengths[b]
-                if n % bs == 0:
-                    self.tables[b].append(pool.allocate())
-                block, slot = self.tables[b][n // bs], n % bs
-                for store, e in zip(pool.storage, entries):
-                    store[block, :, slot] = e[b, :, t]
-                self.lengths[b] += 1
+        for b, row in enumerate(self.rows):
+            blocks, slots = self.append_slots(row, t_new)
+            for store, e in zip(pool.storage, entries):
+                store[blocks, :, slots] = e[b].transpose(0, 1)  # (t_new, heads, width)
         return self.gather()
 
     def gather(self) -> tuple[Entries, Tensor]:
-        """Every row's tokens read through its block table: (B, heads, T_max, width) per entry, (B, T_max) positions."""
-        bs, n_max = self.pool.block_size, max(self.lengths)
+        """The served rows' tokens read through their block tables: (B, heads, T_max, width) per entry and
+        (B, T_max) positions, -1 at the empty slots of shorter rows."""
+        bs = self.pool.block_size
+        lengths = torch.tensor([self.lengths[r] for r in self.rows])  # (B,)
+        n_max = int(lengths.max())
         blocks = -(-n_max // bs)  # blocks of the longest row
-        table = torch.tensor([t + [0] * (blocks - len(t)) for t in self.tables])  # (B, blocks), padded with block 0
+        tables = [self.tables[r] for r in self.rows]
+        table = torch.tensor([t + [0] * (blocks - len(t)) for t in tables])  # (B, blocks), padded with block 0
         out = []
         for store in self.pool.storage:
             g = store[table]  # (B, blocks, heads, bs, width)
             B, nb, h, _, w = g.shape
             out.append(g.permute(0, 2, 1, 3, 4).reshape(B, h, nb * bs, w)[:, :, :n_max])  # (B, heads, T_max, width)
         slots = torch.arange(n_max)[None]
-        pos = torch.where(slots < torch.tensor(self.lengths)[:, None], slots, -1)  # (B, T_max): -1 = empty
+        pos = torch.where(slots < lengths[:, None], slots, -1)  # (B, T_max): -1 = empty
         return tuple(out), pos
 
     def free_row(self, row: int) -> None:
@@ -174,7 +227,12 @@ class PagedKVCache:
         self.tables[row], self.lengths[row] = [], 0
 
     @property
+    def allocated_slots(self) -> int:
+        """Token slots in the blocks the rows hold."""
+        return sum(len(t) for t in self.tables) * self.pool.block_size
+
+    @property
     def wasted_slots(self) -> int:
         """Allocated token slots that hold no token (less than one block per sequence)."""
-        return sum(len(t) * self.pool.block_size - n for t, n in zip(self.tables, self.lengths))
+        return self.allocated_slots - sum(self.lengths)
 # --8<-- [end:paged]

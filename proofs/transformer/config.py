@@ -206,10 +206,16 @@ class TransformerConfig:
             raise ConfigError(f"rope_factor={self.rope_factor} must be >= 1: it is target length / training length.")
         if self.rope_scaling != "none" and self.positions != "rope" and not (self.kv_latent and self.mla_rope_dim):
             raise ConfigError(f"rope_scaling={self.rope_scaling!r} stretches rotary positions: set positions='rope'.")
-        if self.t5_buckets < 2 or self.t5_max_distance < self.t5_buckets // 2:
+        if self.t5_buckets < 4:
             raise ConfigError(
-                f"T5 buckets: need t5_buckets >= 2 and t5_max_distance >= t5_buckets/2 (the exact buckets), got "
-                f"{self.t5_buckets} and {self.t5_max_distance}."
+                f"t5_buckets={self.t5_buckets}: need at least 4, so that a bidirectional layer keeps at least one "
+                f"exact bucket per direction (half the buckets per direction, half of those exact)."
+            )
+        if self.t5_max_distance <= self.t5_buckets // 2:
+            raise ConfigError(
+                f"t5_max_distance={self.t5_max_distance} must exceed t5_buckets/2 = {self.t5_buckets // 2} (the "
+                f"exact buckets of a causal layer): the log-spaced buckets span the distances from there to "
+                f"t5_max_distance, and an empty span divides by log(1) = 0. Raise t5_max_distance."
             )
 
     def _check_blocks(self) -> None:

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import TransformerConfig
+from .config import ConfigError, TransformerConfig
 
 ACTIVATIONS = {
     "relu": nn.ReLU,
@@ -47,7 +47,9 @@ class FeedForward(nn.Module):
 # --8<-- [start:moe]
 class MoEFeedForward(nn.Module):
     """Top-k mixture of experts: a linear router scores E experts per token, the k best run, their outputs are
-    summed with the router's softmax probabilities renormalised over those k.
+    summed with the router's softmax probabilities, renormalised over those k when k > 1 (Mixtral: a softmax over
+    the top-k logits). With k = 1 the gate is the raw probability p_e(x) (Switch Transformer, eq. 2): renormalised
+    it would always be 1 and the router would get no gradient from the task loss.
 
     Capacity (Switch Transformer, Fedus et al. 2021): with moe_capacity = c > 0 each expert takes at most
     ceil(c · tokens · k / E) tokens, first come first served; the rest of its tokens are dropped (that
@@ -70,17 +72,25 @@ class MoEFeedForward(nn.Module):
         N, E, k = flat.shape[0], self.n_experts, self.top_k
         probs = torch.softmax(self.router(flat), dim=-1)  # (N, E)
         top_p, top_e = probs.topk(k, dim=-1)  # (N, k) each
-        gates = top_p / top_p.sum(-1, keepdim=True)  # renormalised over the chosen k
+        gates = top_p / top_p.sum(-1, keepdim=True) if k > 1 else top_p  # renormalised over the chosen k (k > 1)
         capacity = math.ceil(self.capacity_factor * N * k / E) if self.capacity_factor > 0 else N * k
+        chosen = top_e.flatten()  # (N·k,) the expert of every (token, slot) assignment, token by token
+        order = chosen.argsort(stable=True)  # assignments grouped by expert, in token order within each group
+        counts = torch.bincount(chosen, minlength=E)  # (E,) assignments per expert
+        token, gate = order // k, gates.flatten()[order]  # token and gate of each sorted assignment
+        rows, outs, start = [], [], 0
+        for expert, n in zip(self.experts, counts.tolist()):
+            take = min(n, capacity)  # first come, first served: the rest of this expert's tokens are dropped
+            if take:
+                idx = token[start:start + take]
+                rows.append(idx)
+                outs.append(gate[start:start + take, None] * expert(flat[idx]))
+            start += n
         out = torch.zeros_like(flat)
-        taken = torch.zeros(E, dtype=torch.long)
-        for e, expert in enumerate(self.experts):
-            token, slot = (top_e == e).nonzero(as_tuple=True)  # tokens routed to e, in token order
-            token, slot = token[:capacity], slot[:capacity]  # over capacity: dropped
-            taken[e] = token.numel()
-            if token.numel():
-                out.index_add_(0, token, gates[token, slot, None] * expert(flat[token]))
-        f = torch.bincount(top_e.flatten(), minlength=E).float() / (N * k)  # share of assignments per expert
+        if outs:
+            out = out.index_add(0, torch.cat(rows), torch.cat(outs))
+        taken = counts.clamp(max=capacity)
+        f = counts.float() / (N * k)  # share of assignments per expert
         self.aux_loss = E * (f * probs.mean(0)).sum()  # differentiable through P_e = mean router probability
         self.stats = {"probs": probs.detach(), "experts": top_e, "taken": taken, "dropped": int(N * k - taken.sum()),
                       "capacity": capacity}
@@ -89,4 +99,7 @@ class MoEFeedForward(nn.Module):
 
 
 def make_ffn(cfg: TransformerConfig) -> nn.Module:
+    if cfg.moe_capacity and not cfg.moe_experts:
+        raise ConfigError(f"moe_capacity={cfg.moe_capacity} caps the tokens per expert of a mixture of experts, but "
+                          f"moe_experts=0 builds a dense FFN. Set moe_experts > 0, or moe_capacity=0.")
     return MoEFeedForward(cfg) if cfg.moe_experts else FeedForward(cfg)

@@ -198,8 +198,10 @@ def init_weights(model: nn.Module) -> None:
     """Xavier-uniform for every weight matrix of the layers (as in the Annotated Transformer and fairseq), then
     the depth-dependent scalings of cfg.depth_init:
 
-    gpt2:     each residual branch's output projection (attention W_O, the FFN's last map) x 1/sqrt(2L)
-              (Radford et al. 2019, §2.3: "1/sqrt(N) where N is the number of residual layers", N = 2L)
+    gpt2:     each residual branch's output projection (attention W_O, the FFN's last map) x 1/sqrt(N)
+              (Radford et al. 2019, §2.3: "1/sqrt(N) where N is the number of residual layers"): N = 2L for a
+              stack of L layers with self-attention and FFN (also in the parallel layout: both branches add
+              to the stream), 3L for decoder layers with cross-attention
     deepnorm: W_V, W_O and the FFN's maps x beta (Wang et al. 2022: Xavier with gain beta; W_Q, W_K gain 1)
     """
     keep = {id(p) for m in model.modules() for p in getattr(m, "keep_init", [])}
@@ -211,7 +213,8 @@ def init_weights(model: nn.Module) -> None:
         return
     with torch.no_grad():
         for stack in (m for m in model.modules() if isinstance(m, (Encoder, Decoder))):
-            gain = (2 * len(stack.layers)) ** -0.5 if cfg.depth_init == "gpt2" else stack.beta
+            branches = sum(3 if getattr(layer, "cross_attn", None) is not None else 2 for layer in stack.layers)
+            gain = branches ** -0.5 if cfg.depth_init == "gpt2" else stack.beta
             for layer in stack.layers:
                 attns = [layer.self_attn] + ([layer.cross_attn] if getattr(layer, "cross_attn", None) else [])
                 ffns = [layer.ffn] if not hasattr(layer.ffn, "experts") else list(layer.ffn.experts)

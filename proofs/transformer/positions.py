@@ -116,6 +116,9 @@ def t5_bucket(offset: Tensor, bidirectional: bool, n_buckets: int = 32, max_dist
         base = torch.zeros_like(offset)
         dist = (-offset).clamp(min=0)  # distance back to an earlier key
     exact = n_buckets // 2
+    if exact < 1 or max_distance <= exact:
+        raise ValueError(f"t5_bucket: need n_buckets >= {4 if bidirectional else 2} and max_distance > {exact} "
+                         f"(the exact buckets), got {n_buckets * (2 if bidirectional else 1)} and {max_distance}.")
     far = exact + (torch.log(dist.float().clamp(min=1) / exact) / math.log(max_distance / exact)
                    * (n_buckets - exact)).long()
     far = far.clamp(max=n_buckets - 1)
