@@ -24,7 +24,10 @@ PDF = ROOT / "build" / "pdf" / "cheat-sheet.pdf"
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
-    """The strict build (after printing the cheat sheet, if `make pdf` has not, so the build links the PDF)."""
+    """The strict build (after printing the cheat sheet, if `make pdf` has not, so the build links the PDF).
+    TEST_SITE_DIR=<a built site> reuses a build instead, to iterate on one browser test."""
+    if os.environ.get("TEST_SITE_DIR"):
+        return Path(os.environ["TEST_SITE_DIR"])
     if not PDF.exists():
         r = subprocess.run([sys.executable, "docs/hooks/print_pdf.py"], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 0, f"printing the cheat sheet failed:\n{r.stdout}\n{r.stderr}"

@@ -1,9 +1,9 @@
 // Flashcards with spaced repetition, and a timed mock interview, over the cards the build put in .kb-deck.
 // Everything stays in this browser: progress is one JSON object in localStorage (no server, no account).
 //
-// Leitner boxes: a new card is in box 0. "Again" sends a card to box 1, due in a minute; "Hard" keeps its box
-// (at least 1), due in half its interval; "Easy" moves it up one box, due after that box's interval.
-// A card is "learned" from box 2 on.
+// Leitner boxes: a new card starts in box 1. "Again" sends a card back to box 1, due in a minute; "Hard" keeps
+// its box, due in half its interval; "Easy" moves it up one box, due after that box's interval (so a new card
+// answered "easy" comes back in a day). A card is "learned" from box 2 on.
 (function () {
   "use strict";
   var KEY = "kb-study-v1";
@@ -29,7 +29,7 @@
   function save(store) { localStorage.setItem(KEY, JSON.stringify(store)); }
 
   function grade(store, id, g, now) {
-    var s = store.cards[id] || { box: 0, due: 0, seen: 0 };
+    var s = store.cards[id] || { box: 1, due: 0, seen: 0 };
     if (g === 1) { s.box = 1; s.due = now + MINUTE; }
     else if (g === 2) { s.box = Math.max(1, s.box); s.due = now + INTERVAL[s.box] / 2; }
     else { s.box = Math.min(5, s.box + 1); s.due = now + INTERVAL[s.box]; }
