@@ -28,10 +28,11 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+import proofs.generation
 from proofs.generation.bpe import merge_word, train_bpe
 from proofs.transformer import DecoderLM, TransformerConfig
 
-CORPUS = (Path(__file__).with_name("corpus.txt")).read_text(encoding="utf-8").splitlines()
+CORPUS = Path(proofs.generation.__file__).with_name("corpus.txt").read_text(encoding="utf-8").splitlines()
 HELD_OUT = [  # not in the corpus, but every character is: words it never saw whole
     "The newest decoder attends to every earlier token and predicts the lowest loss.",
     "A wider vocabulary shortens the sequence, a narrower one lengthens it.",
