@@ -269,7 +269,9 @@ def test_loss_at_init_is_about_ln_v_and_perplexity_is_exp_ce(ev, seed):
         ev.record(f"V = {vocab}: Var(logits)/2", r["logit_var"] / 2)
         ev.record(f"V = {vocab}: E_y[CE] - ln V - Var/2 (second-order remainder)",
                   r["expected_ce"] - r["ln_v"] - r["logit_var"] / 2, key=False)
-        assert abs(r["expected_ce"] - r["ln_v"] - r["logit_var"] / 2) < 0.25 * r["logit_var"] / 2 + 0.02
+        # the remainder over seeds 100-129: 0.006 ± 0.041 at V = 16 (the widest), 0.000 ± 0.006 at V = 1024; the bound
+        # below is at least 0.18 at V = 16 (Var/2 ≥ 0.42 there), over 4 sd
+        assert abs(r["expected_ce"] - r["ln_v"] - r["logit_var"] / 2) < 0.3 * r["logit_var"] / 2 + 0.05
         # sampled CE over seeds 100-129: gap to ln V 0.63 ± 0.12 at V = 16 (the noisiest), 0.49 ± 0.05 at V = 1024;
         # 0.63 + 4 sd = 1.12; threshold 1.2
         assert abs(r["ce"] - r["ln_v"]) < 1.2
