@@ -295,7 +295,8 @@ def test_alibi_keeps_its_accuracy_where_rope_loses_it(ev, seed):
 
 def test_absolute_sinusoids_fail_past_the_training_length(ev, seed):
     """The 2017 sinusoids learn the task at 1x and fall at 2x and 4x (positions never seen); cut to a 32-token
-    window (positions 0..31 again) the same model is accurate."""
+    window (positions 0..31 again) the same model is accurate. Would be refuted (bounded values extrapolate) if the
+    accuracy at 4x stayed within 0.25 of the 1x accuracy."""
     row = row_of("sinusoidal", seed)
     record_row(ev, "sinusoidal", row)
     window = windowed_accuracy("sinusoidal", seed)
@@ -307,7 +308,8 @@ def test_absolute_sinusoids_fail_past_the_training_length(ev, seed):
 
 def test_no_positions_learns_less_and_also_falls(ev, seed):
     """A causal decoder without any position signal orders tokens through the mask alone: it learns the task less
-    well in the same steps, and loses accuracy past the training length too."""
+    well in the same steps, and loses accuracy past the training length too. Would be refuted if its accuracy at 4x
+    stayed within 0.12 of its 1x accuracy."""
     row = row_of("none", seed)
     record_row(ev, "none (causal mask only)", row)
     assert row[0] - row[2] > 0.12  # seeds 100-139: loss 0.33 ± 0.04 (bench/seeds)
@@ -315,14 +317,15 @@ def test_no_positions_learns_less_and_also_falls(ev, seed):
 
 def test_clipped_shaw_holds(ev, seed):
     """Shaw's relative vectors clipped at 8: every offset of 8 or more shares one trained vector, so no offset at 4x
-    is new, and the accuracy holds."""
+    is new, and the accuracy holds. Would be refuted if it learned the task (1x > 0.9) and lost 0.1 or more at 4x."""
     row = row_of("shaw", seed)
     record_row(ev, "Shaw (clip 8)", row)
     assert row[0] > 0.9 and row[0] - row[2] < 0.1  # seeds 100-139: 1x 0.99 ± 0.006; loss 0.03 ± 0.014
 
 
 def test_transformer_xl_holds(ev, seed):
-    """Transformer-XL's sinusoids of the distance, behind learned projections, hold their accuracy at 4x here."""
+    """Transformer-XL's sinusoids of the distance, behind learned projections, hold their accuracy at 4x here.
+    Would be refuted if it learned the task (1x > 0.9) and lost 0.1 or more at 4x."""
     row = row_of("xl", seed)
     record_row(ev, "Transformer-XL", row)
     assert row[0] > 0.9 and row[0] - row[2] < 0.1  # seeds 100-139: 1x 0.996 ± 0.004; loss 0.006 ± 0.003
@@ -331,7 +334,8 @@ def test_transformer_xl_holds(ev, seed):
 def test_t5_bias_loses_some(ev, seed):
     """T5's bias: every offset of 15 or more shares the last bucket, which was trained, so no offset at 4x is new;
     still the accuracy falls at 4x. Cut to a 32-token window the model recovers much of it: the far keys, each given
-    the same far-bucket scalar and more numerous at 4x, are what costs it (see the ALiBi and T5 page)."""
+    the same far-bucket scalar and more numerous at 4x, are what costs it (see the ALiBi and T5 page). Would be
+    refuted if T5 lost under 0.05 from 1x to 4x, or if the 32-token window did not recover at least 0.03."""
     t5 = row_of("t5", seed)
     record_row(ev, "T5 bias", t5)
     ev.record("T5: accuracy lost from 1x to 4x", t5[0] - t5[2])
