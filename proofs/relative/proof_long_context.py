@@ -213,8 +213,9 @@ def test_a_short_fine_tune_with_interpolation_reaches_4x(ev, seed):
 @pytest.mark.claim("C-ROPE-3", "nuanced")
 def test_direct_fine_tuning_lags_behind(ev, seed):
     """The same 15 steps at 128 tokens without any scaling ("direct fine-tuning", the baseline of Chen et al.) leave
-    the model well below the interpolated one at 4x (mean over two seeds; single fine-tunes vary a lot). Twice the
-    steps narrow the gap. Would be refuted if direct fine-tuning caught up in the same steps."""
+    the model below the interpolated one at 4x (mean over two trained models: how well the unscaled model recovers
+    varies a lot from one trained model to the next). Would be refuted if direct fine-tuning caught up in the same
+    steps (a mean gap of 0 or less)."""
     gaps = []
     for s in (seed, seed + 1):
         direct, pi = blocks(fine_tuned("none", s), s), blocks(fine_tuned("linear", s), s)
@@ -223,17 +224,20 @@ def test_direct_fine_tuning_lags_behind(ev, seed):
             for f, v in zip(FACTORS, direct):
                 ev.record(f"fine-tuned, RoPE as trained at {f}x", v, key=False)
             ev.record("after 15 steps at 128 tokens, RoPE unscaled: accuracy at 1x, 2x, 4x", direct)
-    longer = blocks(fine_tuned("none", seed, 2 * FT_STEPS), seed)
-    ev.record("after 30 steps at 128 tokens, RoPE unscaled: accuracy at 1x, 2x, 4x", longer, expect="closer")
     ev.record(f"position interpolation minus unscaled at 4x after 15 steps, seeds {[seed, seed + 1]}", gaps)
-    # seeds 100-139: see bench/seeds for the spread of the two-seed mean
-    assert sum(gaps) / len(gaps) > 0.05
+    ev.record("mean of the two gaps", sum(gaps) / len(gaps))
+    # over seeds 100-139 one model's gap was 0.32 ± 0.11 (min 0.12) and the two-model mean 0.32 ± 0.087 (min 0.16):
+    # the threshold 0 is 3.7 sd below the mean, short of the 4 sd margin; averaging over the fine-tune batches of
+    # one trained model did not reduce the spread (it comes from the trained model), and three trained models
+    # would cost about 5 CPU-s
+    assert sum(gaps) / len(gaps) > 0.0
 # --8<-- [end:test_ft]
 
 
 def test_ntk_after_the_same_fine_tune(ev, seed):
     """NTK-aware scaling fine-tuned the same way, for the table. Peng et al. (§3.1) report that fine-tuning with it
-    does worse than with PI, because some of its pairs are extrapolated."""
+    does worse than with PI, because some of its pairs are extrapolated. Only its 1x accuracy is asserted (it must
+    not break the trained length: refuted if it fell to 0.8 or below); the PI − NTK gap at 4x is recorded, not asserted."""
     row = blocks(fine_tuned("ntk", seed), seed)
     ev.record("after 15 steps at 128 tokens, NTK-aware: accuracy at 1x, 2x, 4x", row)
     for f, v in zip(FACTORS, row):
