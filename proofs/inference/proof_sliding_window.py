@@ -303,7 +303,9 @@ def test_a_trained_lm_parks_attention_on_its_first_token(ev, seed):
     ev.record("uniform share 1/(i+1), averaged over the same queries", tr["uniform"])
     ev.record("share / uniform, trained with BOS", tr["mean"] / tr["uniform"], expect="well above 1")
     ev.record("share / uniform, same weights at init", init["mean"] / init["uniform"], expect="about 1")
-    # over seeds 100-139: trained 2.9 ± 0.6 times uniform (min 1.8), init about 1 (see the seed report)
+    # MEASURED over seeds 100-139 (review): trained 2.35 ± 0.56 times uniform (min 0.97), init 1.03 ± 0.23; this
+    # test failed on 3 of 40 seeds. The threshold is NOT 4 sd from the mean: to be redesigned (average several
+    # trained models, or train longer) before the seed record.
     assert tr["mean"] > 1.4 * tr["uniform"]
     assert tr["mean"] / tr["uniform"] > init["mean"] / init["uniform"] + 0.4
 # --8<-- [end:test_sink_share]
@@ -344,7 +346,9 @@ def test_windowed_decoding_needs_the_first_token_only_if_a_sink_formed(ev, seed)
     for name in lb:
         ev.record(f"loss past the training length (positions 32..127), {name}, BOS-trained", lb[name][1], key=False)
     _plot_losses(ev, lb, ln)
-    # over seeds 100-139 (see the seed report): cost 0.045 ± 0.03, kept 0.003 ± 0.002, no-BOS cost 0.01 ± 0.01
+    # MEASURED over seeds 100-139 (review): cost 0.039 ± 0.023 (min 0.007), kept 0.0057 ± 0.0035 (max 0.013),
+    # no-BOS cost 0.0070 ± 0.0035; this test failed on 7 of 40 seeds (kept < 0.3·cost is the fragile one). Not 4 sd:
+    # to be redesigned (average several trained models) before the seed record.
     assert cost > 0.005 and kept < 0.3 * cost
     assert ln["window"][0] - ln["full"][0] < cost
 # --8<-- [end:test_sink_window]
