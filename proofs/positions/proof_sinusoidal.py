@@ -50,6 +50,35 @@ def reference_pe(length: int, d_model: int) -> list[list[float]]:
 
 
 # %% [markdown]
+# ### The paper's code lays it out differently
+#
+# tensor2tensor's `get_timing_signal_1d` (`add_timing_signal_1d` in the 2017 release,
+# `tensor2tensor/layers/common_attention.py`), written out again here from its text: d/2
+# timescales spaced geometrically from 1 to exactly 10000 (log-increment
+# ln(10000)/(d/2 − 1)), all the sines in the first half of the channels and all the cosines
+# in the second. Same idea, two differences: the layout (concatenated halves, not
+# interleaved pairs) and the frequencies (the last timescale is 10000 itself, not
+# 10000^((d−2)/d)).
+
+# %%
+# --8<-- [start:t2t]
+def t2t_timing_signal(length: int, channels: int, min_timescale: float = 1.0, max_timescale: float = 1.0e4):
+    """(length, channels) as tensor2tensor builds it: [sin(pos·inv_ts) | cos(pos·inv_ts)], timescales 1 .. 10000."""
+    n = channels // 2
+    log_inc = math.log(max_timescale / min_timescale) / (n - 1)
+    inv_ts = min_timescale * torch.exp(torch.arange(n, dtype=torch.float64) * -log_inc)  # (d/2,)
+    scaled = torch.arange(length, dtype=torch.float64)[:, None] * inv_ts[None, :]  # (T, d/2)
+    return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)
+
+
+def interleave(table: torch.Tensor) -> torch.Tensor:
+    """[s_0 .. s_{n-1} | c_0 .. c_{n-1}] -> [s_0, c_0, s_1, c_1, ...]: a permutation of the channels."""
+    n = table.shape[1] // 2
+    return torch.stack([table[:, :n], table[:, n:]], dim=2).reshape(table.shape)
+# --8<-- [end:t2t]
+
+
+# %% [markdown]
 # ## 2. A shift by k positions is one fixed rotation
 #
 # Pair i of PE(pos) is (sin(pos·ω_i), cos(pos·ω_i)) with ω_i = 10000^(-2i/d). By the
@@ -154,7 +183,8 @@ import pytest  # noqa: E402
 
 @pytest.mark.claim("C-PE-1", "confirmed")
 def test_table_matches_the_formula(ev, seed):
-    """The module's table, its Embeddings buffer and its on-the-fly table for long inputs all equal the paper's formula."""
+    """The module's table, its Embeddings buffer and its on-the-fly table for long inputs all equal the paper's formula
+    written out independently (exact up to float32). Would be refuted by any entry off by more than rounding."""
     L, d = 128, 64
     ref = torch.tensor(reference_pe(L, d), dtype=torch.float64)
     table = sinusoidal_table(L, d).double()
@@ -173,7 +203,8 @@ def test_table_matches_the_formula(ev, seed):
 
 @pytest.mark.claim("C-PE-2", "confirmed")
 def test_shift_is_a_rotation_independent_of_pos(ev, seed):
-    """PE(pos+k) = R_k PE(pos) for every pos, with R_k block-diagonal 2×2 rotations; R_j R_k = R_(j+k)."""
+    """PE(pos+k) = R_k PE(pos) for every pos, with R_k block-diagonal 2×2 rotations; R_j R_k = R_(j+k). An identity of
+    the formula, checked exactly on our module's table; it would be refuted by one position where the map differs."""
     d, L = 64, 2048
     pe = sinusoidal_table(L, d).double()
     worst = 0.0
@@ -194,9 +225,11 @@ def test_shift_is_a_rotation_independent_of_pos(ev, seed):
     assert orth < 1e-12 and comp < 1e-12 and off_block == 0.0
 
 
-@pytest.mark.claim("C-PE-4", "confirmed")
+@pytest.mark.claim("C-PE-4", "nuanced")
 def test_geometric_wavelengths_and_distinct_positions(ev, seed):
-    """Wavelengths grow geometrically from 2π; no two positions share a vector, and the nearest are always neighbours."""
+    """Wavelengths grow geometrically from 2π, but with the paper's formula the last one is 2π·10000^((d−2)/d), not
+    2π·10000; no two positions share a vector, and the nearest are always neighbours. Exact (read back from our module's
+    table). The endpoint half of C-PE-4 would be confirmed if the longest wavelength were 2π·10000 at every d."""
     rows = {}
     for d in (64, 512):
         pe1 = sinusoidal_table(2, d).double()[1]  # PE(1): pair i is (sin ω_i, cos ω_i)
@@ -254,7 +287,8 @@ def _plot_pe(ev, pe, offsets, dots, odd):
 # --8<-- [start:test_direction]
 @pytest.mark.claim("C-FOLK-14", "refuted")
 def test_dot_product_cannot_tell_left_from_right(ev, seed):
-    """PE(p)·PE(p+k) = PE(p)·PE(p−k) for every p and k; only a non-symmetric bilinear form (W_Qᵀ W_K) can read direction."""
+    """PE(p)·PE(p+k) = PE(p)·PE(p−k) for every p and k; only a non-symmetric bilinear form (W_Qᵀ W_K) can read
+    direction. Exact (an identity of the formula); the folk claim would hold if the two dot products differed."""
     d = 64
     pe = sinusoidal_table(1200, d).double()
     offsets = range(-100, 101)
@@ -280,7 +314,9 @@ def test_dot_product_cannot_tell_left_from_right(ev, seed):
 # --8<-- [start:test_add]
 @pytest.mark.claim("C-PE-6", "confirmed")
 def test_added_not_concatenated(ev, seed):
-    """The module adds √d·e + PE; concatenation followed by a linear map is such a sum; adding costs room only at small d."""
+    """The module adds √d·e + PE (exact); concatenation followed by a linear map is such a sum (exact); adding costs
+    room only at small d (linear probe, thresholds from the seed spread). Would be refuted if the module concatenated,
+    or if the probe lost the position at d=128 as it does at d=16."""
     torch.manual_seed(seed)
     d = 32
     cfg = TransformerConfig(vocab_size=16, d_model=d, n_heads=1, max_len=20, dropout_emb=0.0)
@@ -311,3 +347,39 @@ def test_added_not_concatenated(ev, seed):
     assert min(worst[128].values()) > 0.99  # room for both: next to nothing lost by adding
     assert effective_rank(64, 64) < 32
 # --8<-- [end:test_add]
+
+
+@pytest.mark.claim("C-PE-4", "nuanced")
+def test_tensor2tensor_layout_reaches_10000(ev, seed):
+    """The paper's code (tensor2tensor) concatenates a sine half and a cosine half and spaces d/2 timescales from 1 to
+    exactly 10000: its longest wavelength is 2π·10000. Interleaving its channels is a permutation (an orthogonal map),
+    so it changes no dot product or distance: only the frequencies differ from the formula in the paper. Exact; it
+    would be wrong if the reimplementation's last timescale were not 10000 or the interleaved table were not a
+    permutation of channels."""
+    d = 64
+    t2t = t2t_timing_signal(200, d)
+    inv_ts = torch.atan2(t2t[1, : d // 2], t2t[1, d // 2:])  # pos 1: (sin ω, cos ω) of each timescale
+    timescales = 1 / inv_ts
+    ratio = timescales[1:] / timescales[:-1]
+    ev.record("tensor2tensor layout: channels 0-31 are sines, 32-63 cosines at the same frequencies",
+              (t2t[:, : d // 2].pow(2) + t2t[:, d // 2:].pow(2) - 1).abs().max().item(), expect="0: sin² + cos² = 1 pairwise")
+    ev.record("tensor2tensor: longest timescale (wavelength / 2π), d=64", timescales[-1].item(), expect="10000 exactly")
+    ev.record("paper's formula: longest timescale, d=64", 10000 ** ((d - 2) / d), expect="10000^(62/64)")
+    ev.record("tensor2tensor: spread of the timescale ratio", (ratio.max() - ratio.min()).item(), expect="0: geometric")
+    assert timescales[0].item() == pytest.approx(1.0, rel=1e-9) and timescales[-1].item() == pytest.approx(1e4, rel=1e-9)
+    assert (ratio - ratio[0]).abs().max().item() < 1e-9
+    # layout alone is a permutation: distances between positions are unchanged by interleaving
+    inter = interleave(t2t)
+    exact = "donot_use_mm_for_euclid_dist"  # pairwise differences, not the |a|²+|b|²−2ab shortcut
+    same_dist = (torch.cdist(inter, inter, compute_mode=exact) - torch.cdist(t2t, t2t, compute_mode=exact)).abs().max().item()
+    ev.record("max |Δ distance between positions| after interleaving the tensor2tensor channels", same_dist,
+              expect="0: a permutation of channels")
+    assert same_dist < 1e-9
+    # frequencies: the paper's table and tensor2tensor's interleaved one are different tables
+    ours = sinusoidal_table(200, d).double()
+    gap = (inter - ours).abs().max().item()
+    ev.record("max |tensor2tensor (interleaved) − the paper's formula|, 200 positions", gap,
+              expect="> 0: the slow frequencies differ")
+    assert gap > 0.1
+    # the first pair agrees (timescale 1 in both)
+    assert (inter[:, :2] - ours[:, :2]).abs().max().item() < 1e-6
