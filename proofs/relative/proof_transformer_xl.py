@@ -21,6 +21,8 @@
 # %%
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
@@ -150,6 +152,7 @@ def lag_stream(model: DecoderLM, g: torch.Generator, batch: int, segments: int):
         prev = cur
 
 
+@cache
 def lag_copy(seed: int, steps: int = STEPS, **switches) -> dict:
     """Train a 1-layer LM on the stream; accuracy where the target is in the memory / in the segment."""
     torch.manual_seed(seed)
@@ -231,7 +234,9 @@ import pytest  # noqa: E402
 
 @pytest.mark.claim("C-XL-3", "confirmed")
 def test_score_is_four_terms(ev, seed):
-    """The four terms, each computed on its own, add up to the score XL attention uses; (c) ignores the query, (d) sees only i−j."""
+    """The four terms, each computed on its own, add up to the score XL attention uses; (c) ignores the query, (d) sees
+    only i−j. Exact, an identity of our module's fast path against its pair-by-pair terms; it would be refuted by any
+    gap beyond float32 rounding."""
     out = four_terms(seed)
     terms, full, attn = out["terms"], out["full"], out["attn"]
     err = (sum(terms.values()) - full).abs().max().item()
@@ -259,7 +264,8 @@ def test_score_is_four_terms(ev, seed):
 
 @pytest.mark.claim("C-XL-1", "confirmed")
 def test_memory_carries_context_but_no_gradient(ev, seed):
-    """Earlier segments change the last output (forward), yet no gradient reaches them (stop-gradient)."""
+    """Earlier segments change the last output (forward), yet no gradient reaches them (stop-gradient). Exact (bitwise
+    in float64, our module); it would be refuted if any earlier input received gradient or none changed the output."""
     model, L, n = lm(seed, n_layers=3, mem_len=8), 8, 5
     fwd = influence(model, L, n, 8, seed)
     grad = gradient_reach(lm(seed, n_layers=3, mem_len=8), L, n, seed)
@@ -295,7 +301,8 @@ def _plot_influence(ev, maps, L, n):
 # --8<-- [start:test_reach]
 @pytest.mark.claim("C-XL-1", "confirmed")
 def test_reach_grows_with_layers_times_segment(ev, seed):
-    """With memory, the last output depends on inputs up to (layers + 1) × segment − 1 back; without, one segment."""
+    """With memory, the last output depends on inputs up to (layers + 1) × segment − 1 back; without, one segment.
+    Exact (bitwise influence in float64 on our module); it would be refuted by one configuration off the formula."""
     rows, maps = [], {}
     for L in (4, 8):
         for n_layers in (1, 2, 3):
@@ -320,7 +327,9 @@ def test_reach_grows_with_layers_times_segment(ev, seed):
 # --8<-- [start:test_absolute]
 @pytest.mark.claim("C-XL-2", "confirmed")
 def test_absolute_positions_collide_under_recurrence(ev, seed):
-    """With absolute positions the cached and current copies of position p are the same vector; XL tells them apart."""
+    """With absolute positions the cached and current copies of position p are the same vector (exact) and a distance
+    task stays under the two-candidate ceiling where they collide; XL tells them apart and solves it. Would be refuted
+    if the absolute arm beat the ceiling on the colliding half (then the copies would be distinguishable)."""
     absolute, relative = twin_keys(seed, positions="sinusoidal"), twin_keys(seed)
     same_rows = (absolute["memory rows"] - absolute["current rows"]).abs().max().item()
     ev.record("max |cached input − current input|, repeated segment, absolute", same_rows, expect="0: same PE rows")
@@ -333,23 +342,25 @@ def test_absolute_positions_collide_under_recurrence(ev, seed):
     ev.record("max |segments with memory − one full pass|, absolute", abs_gap, expect="large: positions restart")
     assert xl_gap < 1e-4 < 0.1 < abs_gap
 
-    seeds = [seed, seed + 1, seed + 2]
-    xl = [lag_copy(s) for s in seeds]
-    ab = [lag_copy(s, positions="sinusoidal") for s in seeds]
+    xl, ab = lag_copy(seed), lag_copy(seed, positions="sinusoidal")
     ceiling = (1 + 1 / (V - 1)) / 2  # pick one of two equally plausible tokens (right for sure if they coincide)
     for part in ("in memory", "in segment"):
-        ev.record(f"lag-{LAG} copy, target {part}, XL (3 seeds)", [r[part] for r in xl], expect="≈ 1")
-        ev.record(f"lag-{LAG} copy, target {part}, absolute + memory (3 seeds)", [r[part] for r in ab],
+        ev.record(f"lag-{LAG} copy, target {part}, XL", xl[part], expect="≈ 1")
+        ev.record(f"lag-{LAG} copy, target {part}, absolute + memory", ab[part],
                   expect=f"≤ {ceiling:.2f} in segment: two keys share the position row")
-    assert min(min(r.values()) for r in xl) > 0.95
-    assert max(r["in segment"] for r in ab) < ceiling + 0.07
-    assert min(r["in segment"] for r in xl) - max(r["in segment"] for r in ab) > 0.4
+    ev.record("two-candidate ceiling (exact, one layer)", ceiling, key=False)
+    # thresholds from the spread over seeds 100-139 (bench/seeds/relative/proof_transformer_xl.json); the ceiling is
+    # exact, the 0.07 covers the sampling noise of 384 test positions
+    assert min(xl.values()) > 0.95
+    assert ab["in segment"] < ceiling + 0.07
+    assert xl["in segment"] - ab["in segment"] > 0.4
 # --8<-- [end:test_absolute]
 
 
 @pytest.mark.claim("C-XL-1", "confirmed")
 def test_cached_evaluation_saves_recomputation(ev, seed):
-    """Predicting a segment from the cache costs a fraction of recomputing a window per token; the saving grows with the context."""
+    """Predicting a segment from the cache costs a fraction of recomputing a window per token; the saving grows with
+    the context. A FLOP count of our module (exact, deterministic); it would be refuted if the ratio did not grow."""
     lengths = (32, 64, 128, 256)
     ratios = []
     for a in lengths:
