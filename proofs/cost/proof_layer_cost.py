@@ -47,8 +47,8 @@ SHAPES = [(1, 16, 32), (2, 32, 64), (4, 64, 128), (2, 256, 64), (1, 128, 256)]  
 # --8<-- [start:params]
 def layer_config(H: int, **switches) -> TransformerConfig:
     """The shared model at width H, with d_ff = 4H (the paper's ratio) unless a switch says otherwise."""
-    d_ff = switches.pop("d_ff", 4 * H)
-    return TransformerConfig(d_model=H, n_heads=4, d_ff=d_ff, dropout_residual=0.0, **switches)
+    base = dict(d_model=H, n_heads=4, d_ff=4 * H, dropout_residual=0.0)
+    return TransformerConfig(**{**base, **switches})
 
 
 def n_params(module: nn.Module) -> int:
@@ -305,6 +305,47 @@ def dispatch_counts(n: int, d: int = 32, train: bool = False) -> dict:
 # --8<-- [end:calls]
 
 
+# %% [markdown]
+# ## 5. Activation memory: what a training step keeps for backward
+#
+# `torch.autograd.graph.saved_tensors_hooks` sees every tensor autograd saves during the
+# forward pass of one `EncoderLayer`; we add up the bytes of their distinct storages,
+# leaving out the weights. Korthikanti et al. (2022, §4.1) count sbh(34 + 5as/h) bytes per
+# layer (s tokens, b sequences, h = d_model, a heads) for a GPT layer in 16-bit with GeLU,
+# d_ff = 4h, dropout after the attention softmax and on both residual branches, and 1-byte
+# dropout masks. The "paper" setting below matches those assumptions where our module can
+# (bfloat16, activation="gelu", dropout_attn = dropout_residual = 0.1, Pre-LN); the default
+# setting is ours (float32, ReLU, no attention dropout, Post-LN).
+
+# %%
+# --8<-- [start:activations]
+PAPER_LAYER = dict(activation="gelu", dropout_attn=0.1, dropout_residual=0.1, norm_position="pre")
+
+
+def saved_activations(b: int, s: int, h: int, a: int, dtype=torch.float32, **switches) -> dict:
+    """Bytes autograd keeps for backward in one training-mode EncoderLayer, by distinct storage (weights excluded),
+    and the bytes of LayerNorm's per-token statistics (tensors of shape (b, s, 1)) among them."""
+    torch.manual_seed(0)
+    layer = EncoderLayer(layer_config(h, n_heads=a, attn_impl=switches.pop("attn_impl", "explicit"),
+                                      **switches)).to(dtype).train()
+    weights = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    kept: dict[int, tuple[int, tuple]] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in weights:
+            kept[st.data_ptr()] = (st.nbytes(), tuple(t.shape))
+        return t
+
+    x = torch.randn(b, s, h, dtype=dtype, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x)
+    return {"bytes": sum(n for n, _ in kept.values()),
+            "norm statistics": sum(n for n, shape in kept.values() if shape == (b, s, 1)),
+            "largest": max(n for n, _ in kept.values()), "shapes": sorted({shape for _, shape in kept.values()})}
+# --8<-- [end:activations]
+
+
 def wall_seconds(n: int = 256, d: int = 64, repeats: int = 5) -> dict:
     """Median forward time of one attention layer and one nn.RNN (recorded only: machine-dependent)."""
     x = torch.randn(8, n, d)
@@ -342,7 +383,8 @@ import pytest  # noqa: E402
 # --8<-- [start:test_params]
 @pytest.mark.claim("C-PARAM-1", "nuanced")
 def test_layer_parameters_are_12H2_plus_13H(ev, seed):
-    """With d_ff = 4H, biases and two LayerNorms a layer has exactly 12H²+13H parameters; other choices change it."""
+    """With d_ff = 4H, biases and two LayerNorms a layer has exactly 12H²+13H parameters; other choices change it. A count
+    of our module (exact); the formula would be refuted by any width where the count differs."""
     for H in WIDTHS:
         p = layer_params(H)
         ev.record(f"parameters of one layer, H={H}", p["total"], expect=f"12H²+13H = {12 * H * H + 13 * H}",
@@ -384,7 +426,9 @@ def test_layer_parameters_are_12H2_plus_13H(ev, seed):
 # --8<-- [start:test_forward]
 @pytest.mark.claim("C-FLOP-1", "nuanced")
 def test_forward_flops_are_24BSH2_plus_4BS2H(ev, seed):
-    """FlopCounterMode on one layer (explicit attention path) counts exactly 24BSH² + 4BS²H when d_ff = 4H."""
+    """FlopCounterMode on one layer (explicit attention path) counts exactly 24BSH² + 4BS²H when d_ff = 4H. A count of
+    our module (exact); it would be refuted by any shape where the count differs, and is nuanced by what it leaves out
+    (other d_ff, the fused kernel's uncounted FLOPs, elementwise work)."""
     torch.manual_seed(seed)
     for B, S, H in SHAPES:
         f = forward_flops(B, S, H)
@@ -428,7 +472,8 @@ def test_forward_flops_are_24BSH2_plus_4BS2H(ev, seed):
 # --8<-- [start:test_backward]
 @pytest.mark.claim("C-FLOP-2", "confirmed")
 def test_backward_costs_twice_the_forward(ev, seed):
-    """Every weight matmul needs two matmuls backward (input and weight gradient): backward = 2 × forward in FLOPs."""
+    """Every weight matmul needs two matmuls backward (input and weight gradient): backward = 2 × forward in FLOPs. A
+    count of our module (exact); it would be refuted by a layer whose backward count is not twice its forward."""
     torch.manual_seed(seed)
     B, S, H = 2, 32, 64
     layer = EncoderLayer(layer_config(H, attn_impl="explicit"))
@@ -461,7 +506,8 @@ def test_backward_costs_twice_the_forward(ev, seed):
 # --8<-- [start:test_ffn]
 @pytest.mark.claim("C-FFN-1", "confirmed")
 def test_ffn_is_position_wise_and_a_1x1_convolution(ev, seed):
-    """The FFN gives the same output position by position and as two 1×1 convolutions; attention does not."""
+    """The FFN gives the same output position by position and as two 1×1 convolutions; attention does not. Exact
+    (float64, our module); it would be refuted if the FFN's output at one position depended on another."""
     for s in (seed, seed + 1, seed + 2):
         gaps = position_wise_gaps(s)
         for name, gap in gaps.items():
@@ -519,14 +565,15 @@ def _plot_paths(ev, paths):
 @pytest.mark.claim("C-CPLX-1", "nuanced")
 def test_per_layer_flops_attention_recurrence_convolution(ev, seed):
     """Attention's core costs 4n²d, an RNN 4nd², a convolution 2knd²: they cross at n = d, but the attention
-    layer's own projections add 8nd²."""
-    d, ns = 64, [8, 16, 32, 64, 128, 256, 512, 1024]
+    layer's own projections add 8nd². FLOP counts (exact); "cheaper than an RNN when n < d" would hold for the whole
+    layer only if the projections were free."""
+    d, ns = 64, [8, 16, 32, 64, 128, 256, 512]
     rows = [layer_flops(n, d) for n in ns]
     for n, r in zip(ns, rows):
         assert r == {"attention layer": 8 * n * d * d + 4 * n * n * d, "attention core": 4 * n * n * d,
                      "RNN": 4 * n * d * d, "GRU": 12 * n * d * d, "conv k=3": 6 * n * d * d}
     doubling = {name: rows[-1][name] / rows[-2][name] for name in rows[0]}
-    ev.record("FLOPs when n doubles (1024 vs 512): attention core / RNN / conv",
+    ev.record("FLOPs when n doubles (512 vs 256): attention core / RNN / conv",
               [doubling["attention core"], doubling["RNN"], doubling["conv k=3"]], expect="4 / 2 / 2: n² vs n vs n")
     wide = layer_flops(64, 2 * d)
     narrow = rows[ns.index(64)]
@@ -542,7 +589,7 @@ def test_per_layer_flops_attention_recurrence_convolution(ev, seed):
         assert below["attention core"] < below["RNN"] and at["attention core"] == at["RNN"]
         assert above["attention core"] > above["RNN"]
     ratio = [r["attention layer"] / r["RNN"] for r in rows]
-    ev.record("attention layer (with projections) / RNN, smallest over n = 8…1024", min(ratio),
+    ev.record("attention layer (with projections) / RNN, smallest over n = 8…512", min(ratio),
               expect="> 2: never cheaper than a tanh RNN")
     gru_cross = next(n for n, r in zip(ns, rows) if r["attention layer"] >= r["GRU"])
     ev.record("first n where the attention layer costs as much as a GRU (d=64)", gru_cross, expect="n = d")
@@ -556,7 +603,8 @@ def test_per_layer_flops_attention_recurrence_convolution(ev, seed):
 @pytest.mark.claim("C-FOLK-13", "nuanced")
 def test_sequential_steps_and_path_length(ev, seed):
     """Sequential depth: constant for attention and convolution, linear in n for an RNN. Path length: 1 layer for
-    attention, n steps for an RNN, ⌈(n−1)/(k−1)⌉ contiguous or ⌈log_k n⌉ dilated convolution layers."""
+    attention, n steps for an RNN, ⌈(n−1)/(k−1)⌉ contiguous or ⌈log_k n⌉ dilated convolution layers. Exact counts on
+    autograd graphs; any other count would refute Table 1's row."""
     depths = {n: sequential_depths(n) for n in (16, 32, 64, 128)}
     for n, dep in depths.items():
         ev.record(f"autograd depth (attention, RNN, conv), n={n}", [dep["attention"], dep["RNN"], dep["conv k=3"]],
@@ -595,7 +643,8 @@ def test_sequential_steps_and_path_length(ev, seed):
 # --8<-- [start:test_parallel]
 @pytest.mark.claim("C-PAR-1", "confirmed")
 def test_attention_processes_all_positions_in_one_call(ev, seed):
-    """A training step of attention dispatches the same operations at every n; an RNN's adds a loop per position."""
+    """A training step of attention dispatches the same operations at every n; an RNN's adds a loop per position.
+    Exact dispatch counts (wall times recorded only); it would be refuted if attention's count grew with n."""
     torch.manual_seed(seed)
     counts = {n: dispatch_counts(n, train=True) for n in (16, 32, 64)}
     for n, c in counts.items():
@@ -618,3 +667,40 @@ def test_attention_processes_all_positions_in_one_call(ev, seed):
         ev.record(f"wall time, forward, n=256, d=64, batch 8: {name} (s)", t[name], expect="recorded, not asserted",
                   key=False)
 # --8<-- [end:test_parallel]
+
+
+# --8<-- [start:test_activations]
+def test_activation_memory_per_layer(ev, seed):
+    """Bytes a training step keeps for backward in one layer. With the paper's assumptions reproduced (16-bit, GeLU,
+    attention and residual dropout, d_ff = 4h) our layer keeps exactly Korthikanti et al.'s sbh(34 + 5as/h), plus two
+    items their count leaves out or sizes differently: LayerNorm's per-token mean and 1/σ, and dropout masks that
+    PyTorch's CPU kernel stores at 2 bytes (the input's dtype), not 1. Our default layer (float32, ReLU, no attention
+    dropout) keeps exactly sbh(56 + 4as/h) + statistics; the fused attention kernel keeps no s×s tensor at all, so its
+    memory grows linearly in s. Counts of our module (exact); the paper formula would be refuted by any other
+    remainder."""
+    shapes = [(2, 16, 64, 4), (1, 32, 64, 8), (2, 8, 32, 2)]  # (b, s, h, a): as/h = 1, 4, 0.5
+    for b, s, h, a in shapes:
+        sbh, as2b = s * b * h, a * s * s * b
+        paper = saved_activations(b, s, h, a, dtype=torch.bfloat16, **PAPER_LAYER)
+        formula = sbh * (34 + 5 * a * s / h)
+        masks_at_two_bytes = 2 * sbh + as2b  # two residual masks (sbh each) and the attention mask (as²b), 1 byte more
+        ev.record(f"paper setting (bf16, GeLU, dropouts), b={b} s={s} h={h} a={a}: saved bytes / sbh(34 + 5as/h)",
+                  paper["bytes"] / formula, key=(b, s, h, a) == shapes[0])
+        ev.record(f"paper setting, b={b} s={s} h={h} a={a}: bytes beyond the formula = LayerNorm statistics + masks at "
+                  "2 bytes", [paper["bytes"] - formula, paper["norm statistics"], masks_at_two_bytes], key=False)
+        assert paper["bytes"] == formula + masks_at_two_bytes + paper["norm statistics"]
+        assert paper["norm statistics"] == 2 * 2 * b * s * 2  # two norms, mean and 1/σ, one bf16 number per token
+        ours = saved_activations(b, s, h, a, dropout_residual=0.1)
+        ev.record(f"our default layer (fp32, ReLU, no attention dropout), b={b} s={s} h={h} a={a}: bytes / sbh(56 + 4as/h)",
+                  (ours["bytes"] - ours["norm statistics"]) / (sbh * (56 + 4 * a * s / h)), key=False)
+        assert ours["bytes"] == sbh * (56 + 4 * a * s / h) + ours["norm statistics"]
+    # the fused kernel: no s×s tensor is kept, so the bytes grow linearly in s (explicit path: the s² term)
+    growth = {}
+    for impl in ("explicit", "auto"):
+        small, big = (saved_activations(2, s_, 64, 4, dropout_residual=0.1, attn_impl=impl) for s_ in (16, 64))
+        growth[impl] = big["bytes"] / small["bytes"]
+        ev.record(f"saved bytes at s=64 / at s=16, attn_impl={impl}", growth[impl],
+                  expect="4 exactly: linear in s" if impl == "auto" else "> 4: the s² term")
+        ev.record(f"largest saved tensor at s=64, attn_impl={impl} (bytes)", big["largest"], key=False)
+    assert growth["auto"] == 4 and growth["explicit"] > 4.5
+# --8<-- [end:test_activations]
