@@ -163,10 +163,23 @@ def model_and_batch(seed: int, batch: int = 32, length: int = 16, **switches):
 
 
 def flat_gradient(model, x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+    """Gradient of the mean (or the sum) of the token losses over the real tokens (targets of -100 are padding)."""
     model.zero_grad(set_to_none=True)
-    loss = token_loss(model(x), y)
-    (loss * (y.numel() if reduction == "sum" else 1)).backward()
+    loss = token_loss(model(x), y)  # cross-entropy ignores targets of -100: a mean over real tokens
+    (loss * (int((y != IGNORE).sum()) if reduction == "sum" else 1)).backward()
     return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+IGNORE = -100  # the target of a padding position: cross_entropy's ignore_index
+
+
+def ragged_batch(seed: int, lengths: list[int], width: int = 16) -> tuple[Tensor, Tensor]:
+    """Copy-task sequences of the given lengths, right-padded to `width`; padded targets are IGNORE."""
+    x, y = copy_task(torch.Generator().manual_seed(seed), len(lengths), width, 32)
+    for i, n in enumerate(lengths):
+        x[i, n:] = 0
+        y[i, n:] = IGNORE
+    return x, y
 
 
 def shard_gradients(model, x: Tensor, y: Tensor, n: int) -> list[Tensor]:
@@ -218,7 +231,8 @@ def _plot(ev, rows: dict):
 @pytest.mark.claim("C-COMM-1", "confirmed")
 def test_ring_allreduce_sends_2_n_minus_1_over_n_per_worker(ev, seed):
     """The ring gives every worker the exact sum, and every worker sends and receives exactly 2(N−1)/N · S elements:
-    (N−1)/N · S in reduce-scatter and (N−1)/N · S in all-gather, in 2(N−1) rounds."""
+    (N−1)/N · S in reduce-scatter and (N−1)/N · S in all-gather, in 2(N−1) rounds. Exact counts of our simulated
+    network; the formula would be refuted by one worker's count off it."""
     model, x, y = model_and_batch(seed)
     for n in WORKERS:
         grads = shard_gradients(model, x, y, n)  # float64
@@ -263,7 +277,8 @@ def test_ring_allreduce_sends_2_n_minus_1_over_n_per_worker(ev, seed):
 @pytest.mark.claim("C-COMM-1", "confirmed")
 def test_ring_spreads_the_same_total_evenly(ev, seed):
     """All three schemes move 2(N−1)·S elements in total; gather-and-broadcast puts (N−1)·S on worker 0, a tree 3S on
-    its inner nodes, the ring 2(N−1)/N · S on everyone: the lowest maximum, and the only one that does not grow with N."""
+    its inner nodes, the ring 2(N−1)/N · S on everyone: the lowest maximum, and the only one that does not grow with N.
+    Exact counts; "the ring sends less in total" would be confirmed if its total were below the others'."""
     model, x, y = model_and_batch(seed)
     rows = {}
     for n in WORKERS:
@@ -303,7 +318,8 @@ def test_ring_spreads_the_same_total_evenly(ev, seed):
 # --8<-- [start:test_dp]
 def test_averaged_shard_gradients_equal_the_full_batch_gradient(ev, seed):
     """With equal shards, a mean loss and no batch statistics, the all-reduced mean of the workers' gradients is the
-    full-batch gradient; unequal shards and BatchNorm break the equality."""
+    full-batch gradient; unequal shards and BatchNorm break the equality. Exact in float64 (our model); it would be
+    refuted if equal shards differed beyond rounding."""
     model, x, y = model_and_batch(seed)
     full = flat_gradient(model, x, y)
     rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
@@ -330,3 +346,45 @@ def test_averaged_shard_gradients_equal_the_full_batch_gradient(ev, seed):
               expect="not rounding: per-shard statistics")
     assert rel(bn_avg, bn_full) > 1e-3
 # --8<-- [end:test_dp]
+
+
+# --8<-- [start:test_tokens]
+def test_equal_tokens_not_equal_sequences_make_the_mean_of_means_right(ev, seed):
+    """A token-level mean loss makes each worker's gradient a mean over ITS tokens, so the mean of the workers' means is
+    the full-batch gradient only when every worker holds the same number of (non-padding) tokens, whatever the number
+    of sequences. Equal sequences with ragged lengths: wrong; unequal sequences with equal tokens: exact; fix: sum the
+    token losses and divide by the all-reduced token count. The same holds for micro-batches under gradient
+    accumulation. Exact (float64, our model); it would be refuted if the ragged, equal-sequence shards gave the
+    full-batch gradient."""
+    model, _, _ = model_and_batch(seed)
+    g = torch.Generator().manual_seed(seed)
+    rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
+
+    def run(shards: list[list[int]], reduction: str) -> tuple[float, list[int]]:
+        """Shards given as lists of sequence lengths; returns the error against the full batch and the token counts."""
+        lengths = [n for shard in shards for n in shard]
+        x, y = ragged_batch(seed, lengths)
+        full = flat_gradient(model, x, y)
+        parts = list(zip(x.split([len(sh) for sh in shards]), y.split([len(sh) for sh in shards])))
+        grads = [flat_gradient(model, xs, ys, reduction) for xs, ys in parts]
+        tokens = [int((ys != IGNORE).sum()) for _, ys in parts]
+        total = ring_allreduce(grads, Network(len(shards)))[0]
+        avg = total / len(shards) if reduction == "mean" else total / sum(tokens)  # the count is all-reduced too
+        return rel(avg, full), tokens
+
+    ragged = [torch.randint(2, 17, (8,), generator=g).tolist() for _ in range(4)]  # 4 workers, 8 sequences each
+    while len({sum(sh) for sh in ragged}) < 4:  # make sure the token counts differ between workers
+        ragged = [torch.randint(2, 17, (8,), generator=g).tolist() for _ in range(4)]
+    equal_tokens = [[16] * 4, [8] * 8, [16, 16, 8, 8, 4, 4, 4, 4], [12] * 4 + [4] * 4]  # 64 tokens, 4 to 8 sequences
+    wrong, tok_ragged = run(ragged, "mean")
+    right, tok_equal = run(equal_tokens, "mean")
+    fixed, _ = run(ragged, "sum")
+    ev.record("8 sequences per worker, ragged lengths: tokens per worker", tok_ragged, key=False)
+    ev.record("8 sequences per worker, ragged lengths: mean of the workers' means, relative error", wrong,
+              expect="not rounding: short shards count too much")
+    ev.record("4 to 8 sequences per worker, 64 tokens each: mean of means, relative error", right, expect="rounding")
+    ev.record("ragged lengths, sum of token losses / all-reduced token count, relative error", fixed, expect="rounding")
+    assert tok_equal == [64] * 4 and len(set(tok_ragged)) == 4
+    assert right < 1e-12 and fixed < 1e-12
+    assert wrong > 1e-4  # the size of the error depends on the draw (seed spread recorded); its existence does not
+# --8<-- [end:test_tokens]
