@@ -187,8 +187,11 @@ def test_rotate_half_runs_a_trained_interleaved_model_after_the_permutation(ev, 
     r = across_conventions(seed)
     for name, v in r.items():
         ev.record(name, v)
-    # threshold from the spread over seeds 100-139 (bench/seeds)
+    # over seeds 100-139: Δ logits permuted 9.5e-6 ± 3.9e-6 (max 2.1e-5); loaded as is 11.7 ± 1.2 (min 9.8);
+    # accuracy lost loaded as is 0.26 ± 0.053 (min 0.16): thresholds 5 (5.6 sd) and 0.05 (4.0 sd). The earlier
+    # 0.2 failed on 4 of 40 seeds.
     assert r["max |Δ logits|, rows permuted"] < 1e-4 and r["round trip: max |Δ weights|"] == 0.0
     assert abs(r["rotate-half, rows permuted"] - r["interleaved (trained)"]) < 0.01  # argmax ties may flip at 1e-5
-    assert r["interleaved (trained)"] - r["rotate-half, loaded as is"] > 0.2
+    assert r["max |Δ logits|, loaded as is"] > 5.0
+    assert r["interleaved (trained)"] - r["rotate-half, loaded as is"] > 0.05
 # --8<-- [end:test_trained]
