@@ -149,7 +149,7 @@ def build(arm: str) -> nn.Module:
 
 @functools.cache
 def train_arm(arm: str, seed: int, steps: int = 80) -> float:
-    """Train one arm on seeded batches (the same for every arm); exact-sequence accuracy on 512 new examples."""
+    """Train one arm on seeded batches (the same for every arm); teacher-forced token accuracy on 512 new examples."""
     torch.manual_seed(seed)
     model = build(arm)
     train(model, fixed_batches(seq2seq_batch, seed, 32, S, V), steps, lr=3e-3)
@@ -212,8 +212,9 @@ def test_prefix_lm_mask_by_perturbation(ev, seed):
 @pytest.mark.claim("C-DEC-3", "refuted")
 def test_decoder_only_vs_encoder_decoder_at_equal_parameters(ev, seed):
     """Reversal of 6 tokens, 80 Adam steps, one seed per arm: encoder-decoder, decoder-only (causal) and the same
-    decoder-only as a prefix LM, at parameter counts within 1 %. The toy reports accuracy, not a verdict on the
-    architectures at scale; the assertion only checks that every arm learned (twice chance 1/10)."""
+    decoder-only as a prefix LM, at parameter counts within 1 %. Not verdict-bearing: it reports one seed's accuracies
+    and paired gaps and asserts no sign (one seed cannot settle it, and no cross-seed average is recorded);
+    the assertions only check equal size and that every arm learned (above twice chance, 1/10)."""
     sizes = {a: n_params(build(a)) for a in ARMS}
     accs = {a: train_arm(a, seed) for a in ARMS}
     for a in ARMS:
