@@ -29,17 +29,17 @@ chromium:                ## Debian's chromium for the browser tests and the PDF,
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium fonts-noto-cjk >/dev/null; }
 
 proofs: setup            ## run every proof; writes evidence/ that the site shows
-	$(PY) -m pytest proofs -n $(JOBS) -q --progress
+	$(PY) -m pytest proofs -n $(JOBS) --dist loadfile -q --progress
 
 site: proofs
 	$(VENV)/bin/mkdocs build --strict
 
 serve: setup             ## reruns only proofs whose evidence is missing, failed or stale; serves even if one fails
-	-$(PY) -m pytest proofs -n $(JOBS) -q --progress --reuse-evidence
+	-$(PY) -m pytest proofs -n $(JOBS) --dist loadfile -q --progress --reuse-evidence
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 test: setup chromium     ## what CI runs: proofs first (they write the evidence), the PDF, then everything else
-	$(PY) -m pytest proofs -n $(JOBS) -q --progress
+	$(PY) -m pytest proofs -n $(JOBS) --dist loadfile -q --progress
 	$(PY) docs/hooks/print_pdf.py
 	$(PY) -m pytest tests -n $(JOBS) -q
 

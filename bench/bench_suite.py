@@ -81,7 +81,7 @@ def main() -> int:
         wall = None
         if args.workers:
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "pytest", *args.targets, "-n", str(args.workers), "-q",
+            subprocess.run([sys.executable, "-m", "pytest", *args.targets, "-n", str(args.workers), "--dist", "loadfile", "-q",
                             "-p", "no:cacheprovider", "--tb=no"], cwd=ROOT, capture_output=True,
                            env={**os.environ, "PROOF_THREADS": ""})
             wall = time.perf_counter() - t0
