@@ -42,7 +42,7 @@ PAPER = {"d_model": 512, "warmup": 4000}  # the base model of §5.3
 def rates_used(d_model: int, warmup: int, steps: int) -> list[float]:
     """The learning rate Adam applies at updates 1..steps under LambdaLR(noam_schedule)."""
     w = torch.nn.Parameter(torch.zeros(1))
-    opt = torch.optim.Adam([w], lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    opt = torch.optim.Adam([w], lr=1.0, betas=(0.9, 0.98), eps=1e-9, foreach=False)  # one tensor: the plain loop is fastest
     sched = torch.optim.lr_scheduler.LambdaLR(opt, noam_schedule(d_model, warmup))
     used = []
     for _ in range(steps):
@@ -90,7 +90,7 @@ def _plot(ev, curves):
 def test_schedule_matches_formula_and_peaks_at_warmup(ev, seed):
     """The rate Adam uses equals the paper's formula at every step; it peaks at n = warmup with d^−0.5·warmup^−0.5."""
     steps = 16_000
-    curves = {(512, 4000): rates_used(512, 4000, steps), (1024, 4000): rates_used(1024, 4000, 10_000)}
+    curves = {(512, 4000): rates_used(512, 4000, steps), (1024, 4000): rates_used(1024, 4000, 6_000)}  # past its peak at 4000
     _plot(ev, curves)
     used = curves[PAPER["d_model"], PAPER["warmup"]]
     rel = max(abs(u - paper_rate(n, **PAPER)) / paper_rate(n, **PAPER) for n, u in enumerate(used, start=1))
