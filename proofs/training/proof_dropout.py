@@ -116,7 +116,7 @@ def scale_sites_at_test_time(model: nn.Module, factor: float) -> list:
 # ## 3. One site at a time on a task that over-fits
 #
 # A per-token lookup (target = lookup_table[token], see proofs/tasks.py) whose training labels are replaced by a
-# random token 30 % of the time; 32 training sequences, seen 100 times each. A
+# random token 30 % of the time; 32 training sequences, seen 50 times each (Adam, lr 1e-2). A
 # model that memorises the noise scores 100 % on the training set and worse on
 # fresh sequences drawn the same way. Each arm switches on one site at p = 0.1
 # (the paper's rate); "paper" switches on the two sites §5.4 names.
@@ -139,12 +139,12 @@ def nll(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1)).item()
 
 
-def overfit_run(seed: int, steps: int = 100, **switches) -> dict:
+def overfit_run(seed: int, steps: int = 50, **switches) -> dict:
     xt, yt = noisy_lookup(torch.Generator().manual_seed(seed), 32)
     xv, yv = noisy_lookup(torch.Generator().manual_seed(10_000 + seed), 512)
     torch.manual_seed(seed)
     model = EncoderTagger(tiny(n_layers=1, **switches))
-    train(model, lambda step: (xt, yt), steps, lr=3e-3)
+    train(model, lambda step: (xt, yt), steps, lr=1e-2)
     return {"train_acc": accuracy(model, xt, yt), "train_nll": nll(model, xt, yt),
             "val_acc": accuracy(model, xv, yv), "val_nll": nll(model, xv, yv)}
 # --8<-- [end:overfit]
@@ -168,8 +168,10 @@ if __name__ == "__main__":
 @pytest.mark.claim("C-DROP-1", "nuanced")
 @pytest.mark.claim("C-FOLK-6", "refuted")
 def test_four_sites_active_in_training_identity_in_eval(ev, seed):
-    """Hooks find four dropout sites: each zeroes ≈ p of its input and rescales the rest by 1/(1 − p) in training,
-    and is the identity in evaluation. Sub-layer dropout runs before add & norm."""
+    """A count of our own module, not evidence about the paper: hooks find its four dropout sites, each zeroes ≈ p
+    of its input and rescales the rest by 1/(1 − p) in training and is the identity in evaluation, and sub-layer
+    dropout runs before add & norm. It would pass whatever §5.4 says (the paper's two sites are its text); it would
+    fail if a site were missing, dropped after the add & norm, or active in evaluation."""
     p = 0.3
     ids = random_tokens(torch.Generator().manual_seed(seed), 32, 16, V)
     torch.manual_seed(seed)
@@ -195,7 +197,9 @@ def test_four_sites_active_in_training_identity_in_eval(ev, seed):
 # --8<-- [start:test_inverted]
 @pytest.mark.claim("C-FOLK-7", "refuted")
 def test_inverted_dropout_needs_nothing_at_test_time(ev, seed):
-    """The mean over masks equals the input, eval is the identity, and scaling by p at test time breaks a trained model."""
+    """The mean over masks equals the input, eval is the identity, and scaling by p at test time breaks a trained model.
+    Would refute "inverted dropout needs nothing at test time" if the mask average missed the input or the model
+    scored as well with its dropout outputs multiplied by p as in PyTorch's eval mode."""
     p = 0.1
     x = torch.randn(256, generator=torch.Generator().manual_seed(seed))
     torch.manual_seed(seed)
@@ -232,7 +236,7 @@ def _plot_sites(ev, table):
         ax.scatter([i] * len(table[name]["train_nll"]), table[name]["train_nll"], color="C1", marker="x",
                    label="training" if i == 0 else None)
     ax.set_xticks(range(len(names)), [n.replace(" (", "\n(") for n in names], fontsize=7)
-    ax.set(title="cross-entropy after 100 steps (3 seeds per arm)", ylabel="NLL")
+    ax.set(title="cross-entropy after 50 steps (2 seeds per arm)", ylabel="NLL")
     ax.legend(fontsize=8)
     fig.tight_layout()
     ev.figure(fig, "sites", "Training and held-out loss with one dropout site on (p = 0.1), noisy lookup task.")
@@ -240,20 +244,31 @@ def _plot_sites(ev, table):
 
 # --8<-- [start:test_overfit]
 def test_dropout_sites_on_an_overfitting_task(ev, seed):
-    """One site at a time at p = 0.1: which ones lower the held-out loss of a model that memorises noisy labels."""
-    seeds = [seed, seed + 1, seed + 2]
+    """One site at a time at p = 0.1 on a model that memorises noisy labels: the paper's two sites together, and
+    embedding dropout alone, lower the held-out loss and raise the training loss. Would show that these sites do
+    not regularise here if the held-out loss did not fall (or the training loss did not rise) against no dropout."""
+    seeds = [seed, seed + 1]
     runs = {arm: [overfit_run(s, **sw) for s in seeds] for arm, sw in ARMS.items()}
     table = {arm: {k: [r[k] for r in rs] for k in rs[0]} for arm, rs in runs.items()}
     _plot_sites(ev, table)
     for arm, t in table.items():
-        ev.record(f"{arm}: train accuracy (3 seeds)", t["train_acc"], key=arm == "none")
-        ev.record(f"{arm}: held-out NLL (3 seeds)", t["val_nll"])
-        ev.record(f"{arm}: held-out accuracy (3 seeds)", t["val_acc"], key=False)
+        ev.record(f"{arm}: train accuracy (2 seeds)", t["train_acc"], key=arm == "none")
+        ev.record(f"{arm}: held-out NLL (2 seeds)", t["val_nll"])
+        ev.record(f"{arm}: held-out accuracy (2 seeds)", t["val_acc"], key=False)
     base = table["none"]
-    assert min(base["train_acc"]) > 0.95 and max(base["val_acc"]) < 0.7  # the task over-fits
     paper, emb = table["paper (embeddings + sub-layer outputs)"], table["embeddings"]
-    # paired by seed: the paper's two sites, and embedding dropout alone, lower the held-out loss every time
-    assert all(a < b - 0.2 for a, b in zip(paper["val_nll"], base["val_nll"]))
-    assert all(a < b - 0.2 for a, b in zip(emb["val_nll"], base["val_nll"]))
-    assert all(a > b for a, b in zip(paper["train_nll"], base["train_nll"]))  # and raise the training loss
+
+    def mean_gain(arm, key="val_nll"):  # paired by seed, averaged over the seeds: base − arm
+        return sum(b - a for a, b in zip(arm[key], base[key])) / len(seeds)
+
+    gains = {"paper": mean_gain(paper), "embeddings": mean_gain(emb), "train": -mean_gain(paper, "train_nll")}
+    ev.record("held-out NLL, none − paper (mean of 2 paired seeds)", gains["paper"], expect="> 0", key=False)
+    ev.record("held-out NLL, none − embeddings (mean of 2 paired seeds)", gains["embeddings"], expect="> 0", key=False)
+    ev.record("training NLL, paper − none (mean of 2 paired seeds)", gains["train"], expect="> 0", key=False)
+    # over seeds 100-139: no-dropout train accuracy 0.983 ± 0.009 (0.9 is 8.9 sd below), held-out 0.50 ± 0.035
+    # (0.7 is 5.6 sd above); held-out NLL gain of the paper's sites 0.78 ± 0.11 (0.3: 4.5 sd), of embedding dropout
+    # 0.71 ± 0.11 (0.2: 4.7 sd); training NLL rise 0.29 ± 0.03 (0.1: 5.8 sd)
+    assert min(base["train_acc"]) > 0.9 and max(base["val_acc"]) < 0.7  # the task over-fits
+    assert gains["paper"] > 0.3 and gains["embeddings"] > 0.2  # both lower the held-out loss
+    assert gains["train"] > 0.1  # and raise the training loss: the signature of a regulariser
 # --8<-- [end:test_overfit]

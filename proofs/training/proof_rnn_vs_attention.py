@@ -258,21 +258,24 @@ def test_gradient_vanishes_with_distance_in_recurrences_not_in_attention(ev, see
 def test_first_token_task_rnn_vs_attention(ev, seed):
     """Predict the first of 32 tokens at the last position: after the same 150 steps a tanh RNN and a default LSTM
     stay at chance, one attention layer solves it and an LSTM with a forget-gate bias is on its way; the tanh RNN
-    solves the same task in 100 steps when the token is 2 positions back."""
-    seeds = [seed + i for i in SEED_OFFSETS]
-    acc = {kind: [far_token_accuracy(kind, s) for s in seeds]
-           for kind in ("tanh RNN", "LSTM", "LSTM, forget bias", "attention")}
-    near = [far_token_accuracy("tanh RNN", s, distance=2, steps=100) for s in seeds]  # control, smaller budget
+    solves the same task in 100 steps when the token is 2 positions back. Would refute "recurrences fail at long
+    range where attention does not" if the RNN or the default LSTM learned the far token, or attention did not."""
+    two = [seed, seed + 1]  # the arms whose result varies between seeds are averaged over two
+    acc = {"tanh RNN": [far_token_accuracy("tanh RNN", seed)], "LSTM": [far_token_accuracy("LSTM", seed)],
+           "LSTM, forget bias": [far_token_accuracy("LSTM, forget bias", s) for s in two],
+           "attention": [far_token_accuracy("attention", s) for s in two]}
+    near = far_token_accuracy("tanh RNN", seed, distance=2, steps=100)  # control, smaller budget
     chance = 1 / 7
     for kind, a in acc.items():
-        ev.record(f"accuracy, first of 32 tokens, {kind} (3 seeds)", a,
+        ev.record(f"accuracy, first of 32 tokens, {kind} ({len(a)} seed{'s' if len(a) > 1 else ''})", a,
                   expect="≈ chance (1/7)" if kind in ("tanh RNN", "LSTM") else "well above chance")
-    ev.record("accuracy, token 2 positions back, tanh RNN, 100 steps (3 seeds)", near,
-              expect="solved: the task is not the problem")
-    assert max(acc["tanh RNN"]) < chance + 0.1 and max(acc["LSTM"]) < chance + 0.1
-    assert min(near) > 0.9
-    assert min(acc["attention"]) > 0.9
-    # learning on average, slowly and unevenly: single seeds ranged from chance to about 0.95 (windows 0-17),
-    # so only the mean over the three seeds is asserted for this arm
-    assert sum(acc["LSTM, forget bias"]) / 3 > chance + 0.1
+    ev.record("accuracy, token 2 positions back, tanh RNN, 100 steps", near, expect="solved: the task is not the problem")
+    # over seeds 100-139: tanh RNN 0.147 ± 0.013 and LSTM 0.144 ± 0.014 (max 0.17; chance + 0.1 is > 7 sd above);
+    # near control 0.997 ± 0.003 (min 0.986); attention 0.987 ± 0.053 per run but skewed (min 0.67 over 80 runs),
+    # so the mean of two (sd ≈ 0.037) is asserted > 0.8, 5 sd below; forget-bias LSTM 0.79 ± 0.15 per run
+    # (0.45 to 1.0), mean of two (sd ≈ 0.11) > chance + 0.1 is 5 sd below its average
+    assert acc["tanh RNN"][0] < chance + 0.1 and acc["LSTM"][0] < chance + 0.1
+    assert near > 0.9
+    assert sum(acc["attention"]) / 2 > 0.8
+    assert sum(acc["LSTM, forget bias"]) / 2 > chance + 0.1
 # --8<-- [end:test_task]
