@@ -40,7 +40,8 @@ def test_every_page_renders_cleanly(page, server, site):
         assert page.locator(".katex-error").count() == 0, f"/{u}: KaTeX could not parse some math"
         if u in questions:
             assert page.locator(".evidence").count() >= 1, f"/{u}: no evidence card"
-            values = page.eval_on_selector_all(".evidence td.num, span.value", "els => els.map(e => e.innerText.trim())")
+            # textContent, not innerText: a value inside a closed follow-up is not rendered and has no innerText
+            values = page.eval_on_selector_all(".evidence td.num, span.value", "els => els.map(e => e.textContent.trim())")
             assert values and all(values), f"/{u}: an empty measured value"
             assert page.locator(".admonition-title:has-text('Run it yourself')").count() == 1, f"/{u}: no run box"
 

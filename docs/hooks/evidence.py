@@ -47,7 +47,7 @@ log = logging.getLogger("mkdocs.hooks.evidence")
 KATEX_DIST = ROOT / "build" / "npm" / "node_modules" / "katex" / "dist"
 KATEX_FILES = ["katex.min.js", "katex.min.css", "contrib/auto-render.min.js"]
 EVIDENCE_MARK = re.compile(r"<!--\s*evidence:\s*(?:(?P<proof>[\w./-]+\.py)::)?(?P<test>\w+)\s*-->")
-VALUE_MARK = re.compile(r"<!--\s*value:\s*(?:(?P<proof>[\w./-]+\.py)::)?(?P<test>\w+)\s*/\s*(?P<name>[^>]+?)\s*-->")
+VALUE_MARK = re.compile(r"<!--\s*value:\s*(?:(?P<proof>[\w./-]+\.py)::)?(?P<test>\w+)\s*/\s*(?P<name>(?:(?!-->).)+?)\s*-->")
 VERDICT_ICON = {"confirmed": "✅", "nuanced": "⚖️", "refuted": "❌"}
 
 _registry: dict[str, dict] = {}
@@ -312,7 +312,12 @@ def _render_values(markdown: str, where: str, proofs: list[str]) -> str:
             return f'<span class="value value--missing">[{why}]</span>'
         return f'<span class="value" title="measured by {m["test"]}">{html.escape(E.fmt(found[0]["value"]))}</span>'
 
-    return VALUE_MARK.sub(value, markdown)
+    out = VALUE_MARK.sub(value, markdown)
+    for line in out.splitlines():  # a marker the pattern could not read would otherwise stay as an HTML comment
+        if re.search(r"<!--\s*value:", line) and "`" not in line:
+            _problems.append(f"{where}: a value marker could not be read (write <!-- value: test / name -->): {line.strip()}")
+            log.warning(_problems[-1])
+    return out
 
 
 def _copied(text: str, from_uri: str, page) -> str:
