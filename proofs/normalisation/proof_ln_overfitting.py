@@ -61,7 +61,7 @@ def same_sequence_two_batches(seed: int, **switches) -> float:
 # ## 2. A task that over-fits
 #
 # A per-token lookup (target = lookup_table[token], see proofs/tasks.py) whose training labels are replaced by a
-# random token 30 % of the time; 32 training sequences, seen 100 times each. A model
+# random token 30 % of the time; 32 training sequences, seen 50 times each (Adam, lr 1e-2), one layer. A model
 # that memorises the noise reaches 100 % on the training set, and does worse on
 # fresh sequences drawn the same way (their best possible accuracy is about 72 %:
 # 70 % clean labels plus the noise that lands on the right token by chance).
@@ -80,12 +80,12 @@ def nll_and_confidence(model, x, y) -> tuple[float, float]:
     return F.cross_entropy(logits, y.reshape(-1)).item(), logits.softmax(-1).max(-1).values.mean().item()
 
 
-def overfit_run(seed: int, steps: int = 100, **switches) -> dict:
+def overfit_run(seed: int, steps: int = 50, **switches) -> dict:
     xt, yt = noisy_lookup(torch.Generator().manual_seed(seed), 32)
     xv, yv = noisy_lookup(torch.Generator().manual_seed(10_000 + seed), 512)
     torch.manual_seed(seed)
-    model = EncoderTagger(tiny(**switches))
-    train(model, lambda step: (xt, yt), steps, lr=3e-3)
+    model = EncoderTagger(tiny(n_layers=1, **switches))  # one layer: the over-fitting needs no depth
+    train(model, lambda step: (xt, yt), steps, lr=1e-2)
     train_nll, _ = nll_and_confidence(model, xt, yt)
     val_nll, val_conf = nll_and_confidence(model, xv, yv)
     return {"train_acc": accuracy(model, xt, yt), "val_acc": accuracy(model, xv, yv), "train_nll": train_nll,
@@ -137,7 +137,7 @@ def _plot(ev, table):
         ax.scatter([i] * 3, t["train_nll"], color="C1", marker="x", label="training" if i == 0 else None)
         ax.scatter([i] * 3, t["val_nll"], color="C0", label="held-out" if i == 0 else None)
     ax.set_xticks(range(len(table)), [a.replace(" (", "\n(") for a in table], fontsize=7)
-    ax.set(title="cross-entropy after 100 steps on 32 noisy sequences (3 seeds)", ylabel="NLL")
+    ax.set(title="cross-entropy after 50 steps on 32 noisy sequences (3 seeds)", ylabel="NLL")
     ax.legend(fontsize=8)
     fig.tight_layout()
     ev.figure(fig, "gaps", "Training and held-out loss with and without LayerNorm and residuals; dropout for contrast.")
@@ -146,8 +146,9 @@ def _plot(ev, table):
 # --8<-- [start:test_overfit]
 @pytest.mark.claim("C-LN-3", "refuted")
 def test_layernorm_and_residuals_do_not_prevent_overfitting(ev, seed):
-    """With LayerNorm and residuals the model memorises every noisy training label; removing them does not make it
-    over-fit less; dropout, a real regulariser, does."""
+    """With LayerNorm and residuals the model memorises the noisy training labels; removing either does not make it
+    over-fit less; dropout, a real regulariser, does. Would refute "LayerNorm/residuals do not prevent over-fitting"
+    if removing them shrank the held-out − training gap, or if the model with them did not over-fit at all."""
     seeds = [seed, seed + 1, seed + 2]
     table = {}
     for arm, sw in ARMS.items():
@@ -161,11 +162,22 @@ def test_layernorm_and_residuals_do_not_prevent_overfitting(ev, seed):
         ev.record(f"{arm}: mean confidence on held-out tokens (3 seeds)", t["val_conf"], key=False)
     paper, no_ln, no_res = table["LayerNorm + residual"], table["no LayerNorm"], table["no residual"]
     drop = table["LayerNorm + residual + dropout 0.1"]
-    assert min(paper["train_acc"]) > 0.98 and max(paper["val_acc"]) < 0.7 and min(paper["gap"]) > 1.5  # over-fits
-    # the ablations over-fit at least as much, seed by seed: LayerNorm and residuals are not what limits it
-    assert min(no_ln["train_acc"]) > 0.98 and min(no_res["train_acc"]) > 0.95
-    assert all(a > b for a, b in zip(no_ln["gap"], paper["gap"])) and all(a > b for a, b in zip(no_res["gap"], paper["gap"]))
-    # a regulariser shrinks the gap, seed by seed, and costs training fit
-    assert all(a < b - 0.3 for a, b in zip(drop["gap"], paper["gap"]))
-    assert all(a < b for a, b in zip(drop["train_acc"], paper["train_acc"]))
+
+    def paired(a, b, key="gap"):  # mean over the seeds of a − b, paired by seed
+        return sum(x - y for x, y in zip(a[key], b[key])) / len(seeds)
+
+    diffs = {"no LN": paired(no_ln, paper), "no res": paired(no_res, paper), "dropout": paired(paper, drop)}
+    ev.record("gap, no LayerNorm − LayerNorm + residual (mean of 3 paired seeds)", diffs["no LN"], expect="≥ 0", key=False)
+    ev.record("gap, no residual − LayerNorm + residual (mean of 3 paired seeds)", diffs["no res"], expect="> −0.2", key=False)
+    ev.record("gap, LayerNorm + residual − with dropout (mean of 3 paired seeds)", diffs["dropout"], expect="> 0",
+              key=False)
+    # Thresholds from seeds 100-139 (three paired seeds each): paper arm train accuracy >= 0.957, held-out <= 0.571,
+    # gap 2.91 ± 0.18; gap without LayerNorm minus the paper arm's 5.2 ± 0.41; without residuals 0.43 ± 0.15 (one
+    # window of 40 at -0.05: "does not shrink" is asserted, not "always widens"); dropout shrinks it by 1.07 ± 0.09.
+    assert min(paper["train_acc"]) > 0.9 and max(paper["val_acc"]) < 0.7 and min(paper["gap"]) > 1.0  # over-fits
+    # the ablations over-fit at least as much: LayerNorm and residuals are not what limits it
+    assert min(no_ln["train_acc"]) > 0.9 and min(no_res["train_acc"]) > 0.9
+    assert diffs["no LN"] > 1.0 and diffs["no res"] > -0.2
+    # a regulariser shrinks the gap and costs training fit
+    assert diffs["dropout"] > 0.5 and sum(drop["train_acc"]) < sum(paper["train_acc"])
 # --8<-- [end:test_overfit]

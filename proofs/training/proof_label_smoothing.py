@@ -90,7 +90,7 @@ def descend_free_logits(eps: float, checkpoints: list[int], lr: float = 2.0) -> 
 # A per-token lookup (target = lookup_table[token], see proofs/tasks.py) learned by a one-layer encoder in two
 # regimes: (A) fresh clean batches at every step, so there is nothing to over-fit;
 # (B) 32 training sequences whose labels are replaced by a random token 30 % of
-# the time, seen 100 times each, so the model memorises the noise. Held-out data is
+# the time, seen 50 times each, so the model memorises the noise. Held-out data is
 # drawn the same way as the training data. Calibration: expected calibration error
 # (ECE) over 10 equal-width confidence bins.
 
@@ -118,7 +118,7 @@ def calibration(model, x, y, bins: int = 10) -> dict:
             "confidence": conf.mean().item(), "ece": ece, "curve": curve}
 
 
-def smoothing_run(seed: int, eps: float, noisy: bool, steps: int = 100) -> dict:
+def smoothing_run(seed: int, eps: float, noisy: bool, steps: int = 50) -> dict:
     torch.manual_seed(seed)
     model = EncoderTagger(TransformerConfig(vocab_size=V, d_model=32, n_heads=4, d_ff=64, n_layers=1,
                                             dropout_emb=0.0, dropout_residual=0.0))
@@ -128,7 +128,7 @@ def smoothing_run(seed: int, eps: float, noisy: bool, steps: int = 100) -> dict:
         batches = lambda step: (xt, yt)  # noqa: E731
     else:  # regime A: a fresh clean batch at every step
         batches = fixed_batches(lambda g, b, t, v: noisy_lookup(g, b, t, noise=0.0), 1000 + seed, 16, 8, V)
-    train(model, batches, steps, lr=3e-3, label_smoothing=eps)
+    train(model, batches, steps, lr=1e-2, label_smoothing=eps)  # 50 Adam steps at 1e-2: seconds, not minutes
     xv, yv = noisy_lookup(torch.Generator().manual_seed(10_000 + seed), 512, noise=noise)
     return calibration(model, xv, yv)
 # --8<-- [end:model]
@@ -255,9 +255,12 @@ def test_smoothing_costs_nll_on_clean_data_and_cuts_overconfidence_on_noisy(ev, 
     assert max(col(False, EPS, "confidence")) < 1 - EPS + EPS / V + 0.01 < min(col(False, 0.0, "confidence"))
     assert min(col(False, 0.0, "accuracy") + col(False, EPS, "accuracy")) > 0.99
     assert all(a > b for a, b in zip(col(False, EPS, "ece"), col(False, 0.0, "ece")))  # under-confident: ECE rises
-    # B: memorised noise makes the plain model over-confident; smoothing cuts NLL and ECE seed by seed
-    assert all(c > a + 0.2 for c, a in zip(col(True, 0.0, "confidence"), col(True, 0.0, "accuracy")))
-    assert all(a < b - 0.15 for a, b in zip(col(True, EPS, "nll"), col(True, 0.0, "nll")))  # seeds: 0.29 to 0.5
-    assert all(a < b - 0.05 for a, b in zip(col(True, EPS, "ece"), col(True, 0.0, "ece")))
-    assert all(abs(a - b) < 0.06 for a, b in zip(col(True, EPS, "accuracy"), col(True, 0.0, "accuracy")))
+    # B: memorised noise makes the plain model over-confident; smoothing cuts NLL and ECE. Seeds 100-139 (x3):
+    # confidence 0.81 ± 0.023 vs accuracy 0.50 ± 0.035; NLL 2.99 ± 0.17 -> 2.26 ± 0.12; ECE 0.307 ± 0.025 ->
+    # 0.186 ± 0.024; accuracy 0.504 -> 0.509. Means over the three paired seeds, bounds several sd away.
+    def paired(k):  # mean over the seeds of (ε = 0.1) − (ε = 0), paired by seed
+        return sum(a - b for a, b in zip(col(True, EPS, k), col(True, 0.0, k))) / len(seeds)
+
+    assert all(c > a + 0.15 for c, a in zip(col(True, 0.0, "confidence"), col(True, 0.0, "accuracy")))
+    assert paired("nll") < -0.3 and paired("ece") < -0.04 and abs(paired("accuracy")) < 0.05
 # --8<-- [end:test_model]
