@@ -13,7 +13,7 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     layers.py       residual sub-layers (Post-LN, Pre-LN, DeepNorm, parallel) and encoder/decoder layers
     cache.py        key/value caches: contiguous, rolling (sliding window), paged
     models.py       embeddings, stacks, EncoderTagger, DecoderLM, EncoderDecoder, initialisation
-    decoding.py     greedy decoding (and the samplers built on the same next-token function)
+    decoding.py     greedy decoding, temperature/top-k/top-p sampling and beam search on one next-token function
     speculative.py  speculative decoding: a draft proposes, the target verifies (exact and folk acceptance rules)
     batching.py     serving many requests: continuous (iteration-level) vs static batching over a paged cache
 
@@ -26,7 +26,7 @@ from .attention import MultiHeadAttention, causal_mask, end_aligned, hidden, rec
 from .cache import BlockPool, KVCache, PagedKVCache, RollingKVCache
 from . import batching, speculative  # modules: from proofs.transformer.speculative import speculative_generate
 from .config import ConfigError, TransformerConfig
-from .decoding import greedy
+from .decoding import Beams, beam_search, check_filters, filter_logits, gnmt_lp, greedy, lm_beam_fns, nucleus, sample
 from .feedforward import FeedForward, MoEFeedForward
 from .latent import AbsorbedLatentAttention, LatentAttention
 from .layers import DecoderLayer, EncoderLayer, Residual
@@ -47,4 +47,5 @@ __all__ = [
     "Residual", "EncoderLayer", "DecoderLayer", "Embeddings", "Encoder", "Decoder", "Head", "init_weights",
     "EncoderTagger", "DecoderLM", "EncoderDecoder",
     "KVCache", "RollingKVCache", "PagedKVCache", "BlockPool", "greedy",
+    "filter_logits", "check_filters", "nucleus", "sample", "beam_search", "Beams", "gnmt_lp", "lm_beam_fns",
 ]
