@@ -327,11 +327,13 @@ def test_right_shift_keeps_the_answer_out_of_the_input(ev, seed):
                                      ("generation accuracy", "high", "near chance (1/9)")):
         ev.record(f"{name}, shifted", shifted[name], expect=expect_s)
         ev.record(f"{name}, unshifted", unshifted[name], expect=expect_u)
-    # thresholds from the spread over seeds 100-139 (bench/seeds/cost/proof_decoding.json), ≥ 4 sd margins
+    # thresholds from the spread over seeds 100-219 (bench/seeds/cost/proof_decoding.json for 100-139): train loss
+    # unshifted 0.0011 ± 0.0002, shifted 0.21 ± 0.13 (min 0.07); generation accuracy unshifted 0.064 ± 0.054 (max 0.17),
+    # shifted 0.92 ± 0.06 (min 0.67: a few seeds fit less well, none comes near the unshifted arm)
     assert unshifted["train loss"] < 0.01 < shifted["train loss"]
     assert unshifted["teacher-forced accuracy"] > 0.99
-    assert unshifted["generation accuracy"] < 0.25
-    assert shifted["generation accuracy"] > 0.8
+    assert unshifted["generation accuracy"] < 0.35
+    assert shifted["generation accuracy"] > 0.5
 # --8<-- [end:test_shift]
 
 

@@ -342,12 +342,16 @@ def test_position_information_through_depth(ev, seed):
     assert trained["sinusoidal"][1] - trained["sinusoidal"][0] < -0.3  # after training too, one layer loses a lot
     # Shaw: no absolute position at the input (like no positions at all); later only near the edges
     assert max(r["probe"][0] for r in shaw + none) < 2 * chance and max(max(r["probe"]) for r in none) < 2 * chance
-    assert min(r["edges_last"] - r["middle_last"] for r in shaw) > 0.2
-    # ...while the offset term keeps setting Shaw's attention pattern in the deepest layer
-    # on every seed more than the same seed's sinusoidal model, and on average over the three seeds at least twice
-    # as much (thresholds from the spread over seeds 100-139, bench/seeds/relative/proof_shaw_rpr.json)
+    # edges minus middle per model 0.39 ± 0.077 over seeds 100-199 (min 0.19), mean of three 0.39 ± 0.047 (min 0.27):
+    # asserted 4 sd below on the mean of the three, and well above zero on each
+    gaps = [r["edges_last"] - r["middle_last"] for r in shaw]
+    assert sum(gaps) / len(gaps) > 0.2 and min(gaps) > 0.05
+    # ...while the offset term keeps setting Shaw's attention pattern in the deepest layer more than the sinusoidal
+    # model's, averaged over the three seeds. Over seeds 100-199: per seed, Shaw minus sinusoidal 0.35 ± 0.15 (one
+    # seed in 100 below zero, -0.03, so no per-seed claim); mean over three 0.35 ± 0.078 (min 0.17), ratio of the
+    # sums 7.3 ± 2.8 (min 3.2)
     s_shaw, s_sin = [r["attention_by_cell"][-1] for r in shaw], [r["attention_by_cell"][-1] for r in sin]
-    assert all(a > b for a, b in zip(s_shaw, s_sin))
+    assert (sum(s_shaw) - sum(s_sin)) / len(s_shaw) > 0.05
     assert sum(s_shaw) > 2 * sum(s_sin)
 
 
