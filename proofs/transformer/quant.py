@@ -1,0 +1,185 @@
+"""Post-training quantisation: absmax int8/int4 weights, int8 activation x weight matmuls, LLM.int8's decomposition.
+
+Symmetric absmax quantisation of a block of numbers x with b bits:
+
+    scale = max|x| / (2^(b-1) - 1)          127 for int8, 7 for int4 (the level -2^(b-1) is left unused)
+    q     = round(x / scale)                an integer in [-(2^(b-1)-1), 2^(b-1)-1]
+    x̂     = q · scale                       |x - x̂| ≤ scale / 2 for every element (round to nearest)
+
+Granularity says which elements share one scale. For a weight W (out_features, in_features) of nn.Linear:
+
+    per_tensor      one scale for the whole matrix
+    per_channel     one scale per row (per output channel), over its in_features
+    per_group(g)    one scale per g consecutive entries of a row (g must divide in_features)
+
+For a matmul y = x Wᵀ with int8 activations too (W8A8), the scales must stay outside the inner sum so that the
+integer product can be rescaled afterwards: one scale for all of x (per tensor) or one per token (row of x), times
+one per output channel of W: y ≈ (s_x s_wᵀ) ⊙ (q_x q_wᵀ). LLM.int8 (Dettmers et al. 2022) calls the second
+"vector-wise" and adds a mixed-precision decomposition: the feature columns of x holding any |x| ≥ threshold are
+multiplied in full precision, the rest in int8.
+
+Everything here is an emulation in floating point: the integers are exact (held in float64 for the product,
+|q_x q_w| summed over in_features stays far below 2^53), no int8 kernel is called. It measures the rounding, not
+the speed.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+GRANULARITIES = ("per_tensor", "per_channel", "per_group")
+ACT_MODES = ("per_tensor", "per_token")
+
+
+def qmax(bits: int) -> int:
+    """Largest integer level of symmetric b-bit quantisation: 2^(b-1) - 1 (127 for 8 bits, 7 for 4)."""
+    if bits not in (4, 8):
+        raise ValueError(f"bits={bits!r}: only 8 (int8) and 4 (int4) are supported")
+    return 2 ** (bits - 1) - 1
+
+
+@dataclass(frozen=True)
+class Quantised:
+    """Integer codes and the scales that turn them back into numbers: x̂ = codes · scale (scale broadcast per block).
+
+    codes: torch.int8 (int4 values are stored in int8, within [-7, 7]); for per_group the codes are kept in the
+    grouped shape (rows, n_groups, g) with scale (rows, n_groups, 1); `shape` is the original shape."""
+    codes: Tensor
+    scale: Tensor
+    bits: int
+    granularity: str
+    group_size: Optional[int]
+    shape: torch.Size
+
+
+def _check_granularity(w: Tensor, granularity: str, group_size: Optional[int]) -> None:
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r}: use one of {GRANULARITIES}")
+    if granularity != "per_tensor" and w.dim() != 2:
+        raise ValueError(f"{granularity} needs a 2-D weight (out_features, in_features), got shape {tuple(w.shape)}")
+    if granularity == "per_group":
+        if group_size is None or group_size < 1:
+            raise ValueError(f"per_group needs a positive group_size, got {group_size!r}")
+        if w.shape[1] % group_size:
+            raise ValueError(f"group_size={group_size} does not divide in_features={w.shape[1]}: pick a divisor")
+    elif group_size is not None:
+        raise ValueError(f"group_size={group_size} is only meaningful with granularity='per_group'")
+
+
+# --8<-- [start:quantise]
+def absmax_scale(x: Tensor, bits: int, dim=None) -> Tensor:
+    """max|x| / qmax over `dim` (all elements if None), kept broadcastable; an all-zero block gets scale 1."""
+    a = x.abs().amax() if dim is None else x.abs().amax(dim=dim, keepdim=True)
+    return torch.where(a > 0, a / qmax(bits), torch.ones_like(a))
+
+
+def quantise(w: Tensor, bits: int = 8, granularity: str = "per_channel", group_size: Optional[int] = None) -> Quantised:
+    """Symmetric absmax quantisation of w at the given granularity (see the module docstring)."""
+    _check_granularity(w, granularity, group_size)
+    x = w.detach()
+    if granularity == "per_tensor":
+        scale = absmax_scale(x, bits)                                   # () one number
+    elif granularity == "per_channel":
+        scale = absmax_scale(x, bits, dim=1)                            # (out, 1) one per row
+    else:
+        x = x.reshape(x.shape[0], x.shape[1] // group_size, group_size)  # (out, in/g, g)
+        scale = absmax_scale(x, bits, dim=2)                            # (out, in/g, 1) one per group
+    codes = torch.round(x / scale).clamp(-qmax(bits), qmax(bits)).to(torch.int8)
+    return Quantised(codes, scale, bits, granularity, group_size, w.shape)
+
+
+def dequantise(q: Quantised) -> Tensor:
+    """codes · scale, back in the original shape."""
+    return (q.codes.to(q.scale.dtype) * q.scale).reshape(q.shape)
+
+
+def fake_quantise(w: Tensor, bits: int = 8, granularity: str = "per_channel", group_size: Optional[int] = None) -> Tensor:
+    """dequantise(quantise(w)): the numbers a quantised model computes with."""
+    return dequantise(quantise(w, bits, granularity, group_size)).to(w.dtype)
+# --8<-- [end:quantise]
+
+
+def elementwise_scale(q: Quantised) -> Tensor:
+    """The scale each element of the original tensor was quantised with, in the original shape."""
+    return q.scale.expand(q.codes.shape).reshape(q.shape)
+
+
+# --8<-- [start:matmul]
+def int8_matmul(x: Tensor, w: Tensor, act: str = "per_token", threshold: Optional[float] = None) -> Tensor:
+    """Emulated W8A8 product y = x wᵀ: x (..., in) and w (out, in) → (..., out).
+
+    x is quantised to int8 with one scale for the whole tensor (act="per_tensor") or one per token (row,
+    act="per_token"); w with one scale per output channel. The integer product is exact (float64) and is
+    rescaled by s_x · s_w. With a threshold (LLM.int8's mixed-precision decomposition), every feature column of
+    x whose largest |x| reaches it is taken out of the int8 product and multiplied in full precision."""
+    if act not in ACT_MODES:
+        raise ValueError(f"act={act!r}: use one of {ACT_MODES}")
+    if w.dim() != 2 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"x (..., {x.shape[-1]}) and w {tuple(w.shape)} do not match: w must be (out, in)")
+    x2 = x.reshape(-1, x.shape[-1]).double()                     # (N, in): every token a row
+    w2 = w.detach().double()                                      # (out, in)
+    outlier = torch.zeros(x2.shape[1], dtype=torch.bool)
+    if threshold is not None:
+        outlier = x2.abs().amax(dim=0) >= threshold               # (in,) columns kept in full precision
+    xr, wr = x2[:, ~outlier], w2[:, ~outlier]                     # the regular part, to int8
+    y = x2[:, outlier] @ w2[:, outlier].T                         # (N, out): the outlier columns, full precision
+    if xr.shape[1]:                                               # (every column an outlier: nothing left for int8)
+        sx = absmax_scale(xr, 8) if act == "per_tensor" else absmax_scale(xr, 8, dim=1)  # () or (N, 1)
+        sw = absmax_scale(wr, 8, dim=1)                           # (out, 1)
+        qx = torch.round(xr / sx).clamp(-127, 127)
+        qw = torch.round(wr / sw).clamp(-127, 127)
+        y = y + (qx @ qw.T) * sx * sw.T                           # int32-style sum of integers, then rescale
+    return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
+# --8<-- [end:matmul]
+
+
+class Int8Linear(nn.Module):
+    """An nn.Linear whose matmul runs through int8_matmul (activations and weights in int8, bias in float)."""
+
+    def __init__(self, linear: nn.Linear, act: str = "per_token", threshold: Optional[float] = None):
+        super().__init__()
+        if act not in ACT_MODES:
+            raise ValueError(f"act={act!r}: use one of {ACT_MODES}")
+        self.weight = nn.Parameter(linear.weight.detach().clone(), requires_grad=False)  # (out, in)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.act, self.threshold = act, threshold
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = int8_matmul(x, self.weight, self.act, self.threshold)
+        return y if self.bias is None else y + self.bias
+
+
+# --8<-- [start:model]
+def quantise_model(model: nn.Module, bits: int = 8, granularity: str = "per_channel",
+                   group_size: Optional[int] = None, activations: Optional[str] = None,
+                   threshold: Optional[float] = None) -> nn.Module:
+    """A quantised copy of `model` (the original is untouched); embeddings and norms stay in float.
+
+    activations=None: weight-only, every nn.Linear's weight replaced by fake_quantise(weight, bits, granularity).
+    activations="per_tensor" | "per_token": W8A8, every nn.Linear replaced by an Int8Linear (weights int8 per
+    output channel, so bits must be 8 and granularity per_channel), with LLM.int8's decomposition at `threshold`."""
+    qmax(bits)
+    if activations is None and threshold is not None:
+        raise ValueError("threshold applies to activations: pass activations='per_tensor' or 'per_token'")
+    if activations is not None and (bits != 8 or granularity != "per_channel" or group_size is not None):
+        raise ValueError("activation quantisation here is int8 with per-channel weights (LLM.int8's vector-wise): "
+                         "use bits=8, granularity='per_channel', no group_size")
+    q = copy.deepcopy(model).eval()
+    linears = [(parent, name, child) for parent in q.modules() for name, child in parent.named_children()
+               if isinstance(child, nn.Linear)]
+    if not linears:
+        raise ValueError("the model has no nn.Linear layer to quantise")
+    for parent, name, child in linears:
+        if activations is None:
+            with torch.no_grad():
+                child.weight.copy_(fake_quantise(child.weight, bits, granularity, group_size))
+        else:
+            setattr(parent, name, Int8Linear(child, activations, threshold))
+    return q
+# --8<-- [end:model]
