@@ -438,7 +438,7 @@ def test_unscaled_softmax_saturates_as_d_k_grows(ev, seed):
 def test_what_stalls_training_at_d_k_64(ev, seed):
     """At d_k = 64 with Adam the unscaled arm stalls while the scaled one learns. What we see inside: the unscaled
     rows start near one-hot on arbitrary keys and stay there, the correct key gets almost none of the logits'
-    gradient and never becomes the argmax; yet W_Q, W_K get at least as much gradient as in the scaled arm and
+    gradient for at least the first half of the run (on some seeds it starts to win late); yet W_Q, W_K get at least as much gradient as in the scaled arm and
     Adam moves them by a similar amount. So it is not "the gradient vanishes", it is "none of it points to the
     right key". Would be "vanishing gradient" instead if W_Q, W_K's gradient or Adam's step were far smaller
     without the scale; would be refuted if the unscaled arm learned as well as the scaled one."""
@@ -454,8 +454,11 @@ def test_what_stalls_training_at_d_k_64(ev, seed):
         ev.record(f"argmax on the correct key at the end, {arm}", h["argmax_correct"][-1], expect=f"chance is 1/{LENGTH}")
         ev.record(f"share on the correct key at init, {arm}", h["correct_share"][0], key=False)
         ev.record(f"median per-row logit gradient at the end, {arm}", h["row_grad"][-1], key=False)
-    ev.record("largest share on the correct key after init, unscaled", max(hu["correct_share"][1:]),
-              expect="≈ 0: the right key is starved")
+    half = len(hu["correct_share"]) // 2
+    ev.record("largest share on the correct key in the first half of the run, unscaled",
+              max(hu["correct_share"][1:half + 1]), expect="≈ 0: the right key is starved")
+    ev.record("share on the correct key at the end, unscaled", hu["correct_share"][-1],
+              expect="≈ 0, or rising late on some seeds: the lock is slow to break, not permanent")
     ev.record("share on the correct key at the end, scaled", hs["correct_share"][-1], expect="rises as it learns")
     wqk_ratio = hu["wqk_grad"][0] / hs["wqk_grad"][0]
     wqk_mean_ratio = sum(hu["wqk_grad"][1:]) / sum(hs["wqk_grad"][1:])
@@ -463,13 +466,20 @@ def test_what_stalls_training_at_d_k_64(ev, seed):
     ev.record("gradient norm on W_Q, W_K at init, unscaled / scaled", wqk_ratio, expect="≥ 1: not vanishing")
     ev.record("gradient norm on W_Q, W_K, mean over the run, unscaled / scaled", wqk_mean_ratio)
     ev.record("Adam's step on W_Q, W_K, mean per step, unscaled / scaled", step_ratio, expect="same order")
-    # thresholds from seeds 100-139 (mean ± sd): accuracy gap 0.52 ± 0.07; entropy at init 1.65 ± 0.04 vs
-    # 0.35 ± 0.04; argmax-correct gap at the end 0.55 ± 0.08; log10 of the largest unscaled share after init
-    # -4 ± 1 (max -2); W_QK gradient ratio at init 1.5 ± 0.3; Adam step ratio 0.6 ± 0.05. Margins ≥ 4 sd.
-    assert s["accuracy"] - u["accuracy"] > 0.2
+    # the outcome, averaged over two initialisations (one model's gap has a long tail: one seed in 203 where the
+    # scaled arm itself did not learn)
+    runs = [(s, u), (train_arm(seed + 1, attn_scale="sqrt_dk"), train_arm(seed + 1, attn_scale="none"))]
+    acc_gap = sum(a["accuracy"] - b["accuracy"] for a, b in runs) / 2
+    arg_gap = sum(a["history"]["argmax_correct"][-1] - b["history"]["argmax_correct"][-1] for a, b in runs) / 2
+    ev.record("reverse accuracy, scaled − unscaled (mean of 2 initialisations)", acc_gap, expect="> 0: the scale learns")
+    ev.record("argmax on the correct key at the end, scaled − unscaled (mean of 2 initialisations)", arg_gap)
+    # over seeds 100-299 (start seeds; both arms): accuracy gap of two initialisations 0.69 ± 0.092 (min 0.31),
+    # argmax gap 0.68 ± 0.088 (min 0.29); entropy gap at init 1.30 ± 0.039 (min 1.17); largest unscaled share on
+    # the correct key in the first half 6e-6 (max 3.4e-4; over the whole run up to 0.5 on 20 % of seeds: late
+    # escapes); W_QK gradient ratio at init 1.8 ± 0.40 (min 0.99); Adam step ratio 0.68 ± 0.064 (min 0.54)
+    assert acc_gap > 0.2 and arg_gap > 0.2
     assert hs["entropy"][0] - hu["entropy"][0] > 0.8
-    assert hs["argmax_correct"][-1] - hu["argmax_correct"][-1] > 0.2
-    assert max(hu["correct_share"][1:]) < 0.02 < hs["correct_share"][-1]
+    assert max(hu["correct_share"][1:half + 1]) < 0.01 < hs["correct_share"][-1]
     assert wqk_ratio > 0.5 and step_ratio > 0.3  # not a vanishing gradient, and Adam keeps moving
 # --8<-- [end:test_stall]
 
@@ -591,18 +601,31 @@ def test_qk_norm_with_a_temperature_trains(ev, seed):
 
 @pytest.mark.claim("C-SCALE-4", "nuanced")
 def test_qk_norm_without_a_temperature_stalls(ev, seed):
-    """QK-norm alone (scale 1): logits of variance ≈ d_k at init, rows near one-hot, and the run stalls like the
-    unscaled model, far behind QK-norm with 1/√d_k on the same batches. Would be confirmed outright (QK-norm
-    replaces the scale) if this arm learned as well as the one with the temperature."""
+    """QK-norm alone (scale 1): logits of variance ≈ d_k at init, rows near one-hot, the correct key starved of
+    gradient early in the run, like the unscaled model; the norm's gains can shrink, so it escapes later, but over
+    the run its argmax lands on the correct key far less often than QK-norm with 1/√d_k on the same batches.
+    Would be confirmed outright (QK-norm replaces the scale) if this arm learned as fast as the tempered one."""
     fixed = train_arm(seed, qk_norm="layer", attn_scale="sqrt_dk")
     bare = train_arm(seed, qk_norm="layer", attn_scale="none")
-    ev.record("reverse accuracy, qk_norm=layer, no temperature", bare["accuracy"], expect="stalls")
-    ev.record("attention entropy at init, qk_norm=layer, no temperature (nats)", bare["history"]["entropy"][0],
+    hf, hb = fixed["history"], bare["history"]
+    quarter = len(hb["correct_share"]) // 4
+    starved = max(hb["correct_share"][1:quarter + 1])
+    run_gap = sum(hf["argmax_correct"]) / len(hf["argmax_correct"]) - sum(hb["argmax_correct"]) / len(hb["argmax_correct"])
+    ev.record("reverse accuracy, qk_norm=layer, no temperature", bare["accuracy"],
+              expect="behind; some seeds catch up late")
+    ev.record("attention entropy at init, qk_norm=layer, no temperature (nats)", hb["entropy"][0],
               expect="near one-hot, like unscaled")
-    ev.record("accuracy gap, qk_norm=layer with 1/√d_k minus without", fixed["accuracy"] - bare["accuracy"])
-    # over seeds 100-139 (mean ± sd): gap 0.69 ± 0.05, entropy at init 0.5 ± 0.05; margins ≥ 4 sd
-    assert fixed["accuracy"] - bare["accuracy"] > 0.3
-    assert bare["history"]["entropy"][0] < 1.0
+    ev.record("largest share on the correct key in the first quarter of the run, qk_norm=layer, no temperature",
+              starved, expect="≈ 0: starved, like unscaled")
+    ev.record("accuracy gap, qk_norm=layer with 1/√d_k minus without", fixed["accuracy"] - bare["accuracy"], key=False)
+    ev.record("argmax on the correct key, mean over the run, with 1/√d_k minus without", run_gap,
+              expect="> 0: the temperature learns sooner")
+    # over seeds 100-179 (mean ± sd): entropy at init 0.47 ± 0.048 (max 0.59); largest starved share 1.1e-4
+    # (max 3e-3); run-mean argmax gap 0.29 ± 0.051 (min 0.12). The final accuracy gap is 0.51 ± 0.23 (min 0.008:
+    # on some seeds the bare arm catches up by the end), so it is recorded, not asserted.
+    assert hb["entropy"][0] < 1.0
+    assert starved < 0.02
+    assert run_gap > 0.08
 # --8<-- [end:test_qknorm]
 
 
