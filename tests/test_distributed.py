@@ -1,0 +1,94 @@
+"""proofs/distributed.py: real processes (gloo on 127.0.0.1) start, return results, re-raise a worker's error
+with its traceback, time out, and leave no process alive and the port free either way."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from proofs.distributed import Comm, WorkerError, free_port, ring_bytes, run_distributed
+
+
+def _sum_ranks(rank: int, world: int) -> dict:
+    comm = Comm()
+    t = comm.all_reduce(torch.tensor([float(rank)]))
+    g = comm.all_gather(torch.tensor([float(rank)] * 2))
+    return {"pid": os.getpid(), "sum": t.item(), "gathered": g.tolist(), "handed": dict(comm.handed),
+            "threads": torch.get_num_threads(), "world": dist.get_world_size()}
+
+
+def _fail_on_rank_1(rank: int, world: int) -> None:
+    if rank == 1:
+        raise ValueError("boom from rank 1")
+    dist.barrier()  # rank 0 waits here for a rank that never comes: the parent must end it
+    time.sleep(60)
+
+
+def _sleep(rank: int, world: int) -> None:
+    time.sleep(60)
+
+
+def _no_children_left() -> list:
+    """Live child processes other than multiprocessing's resource tracker (one per parent, started with the
+    first spawn and kept by design; it holds no port and runs no worker code)."""
+    time.sleep(0.05)
+    kids = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in kids if not any("resource_tracker" in a for a in p.cmdline())] + mp.active_children()
+
+
+def _port_is_free(port: int) -> bool:
+    """Nobody listens on the port: we can bind and listen on it. SO_REUSEADDR lets us past the closed
+    connections the kernel keeps in TIME_WAIT for a minute; it does not let us past a live listener."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            return True
+        except OSError:
+            return False
+
+
+def test_runs_n_processes_and_returns_each_rank_result():
+    port = free_port()
+    out = run_distributed(_sum_ranks, 3, port=port, timeout=60)
+    assert [r["sum"] for r in out] == [3.0] * 3  # 0 + 1 + 2 on every rank
+    assert all(r["gathered"] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0] for r in out)
+    assert len({r["pid"] for r in out}) == 3 and os.getpid() not in {r["pid"] for r in out}
+    assert all(r["threads"] == 1 and r["world"] == 3 for r in out)
+    assert out[0]["handed"] == {"all_reduce": 4, "all_gather": 8}  # float32: 1 element, then 2 per rank
+    assert not any(psutil.pid_exists(r["pid"]) and psutil.Process(r["pid"]).status() != psutil.STATUS_ZOMBIE
+                   for r in out)
+    assert _no_children_left() == [] and _port_is_free(port)
+
+
+def test_worker_error_is_reraised_with_its_traceback_and_everyone_stopped():
+    port = free_port()
+    with pytest.raises(WorkerError, match="rank 1 of 2 failed: ValueError: boom from rank 1") as info:
+        run_distributed(_fail_on_rank_1, 2, port=port, timeout=60)
+    assert "Traceback" in str(info.value) and "_fail_on_rank_1" in str(info.value)
+    assert _no_children_left() == [] and _port_is_free(port)
+
+
+def test_timeout_terminates_every_worker():
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="within"):
+        run_distributed(_sleep, 2, port=port, timeout=4)
+    assert time.monotonic() - t0 < 15
+    assert _no_children_left() == [] and _port_is_free(port)
+
+
+def test_ring_bytes_formulas():
+    """Exact arithmetic of the ring model the proof compares against."""
+    assert ring_bytes("all_reduce", 400, 4) == 600 and ring_bytes("all_reduce", 400, 1) == 0
+    assert ring_bytes("reduce_scatter", 400, 4) == 300 and ring_bytes("all_gather", 100, 4) == 300
+    with pytest.raises(ValueError, match="unknown collective"):
+        ring_bytes("all_to_all", 1, 2)
