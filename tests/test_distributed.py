@@ -35,12 +35,15 @@ def _sleep(rank: int, world: int) -> None:
     time.sleep(60)
 
 
+HELPERS = ("resource_tracker", "forkserver")  # multiprocessing's own helpers: one each per parent, kept by design
+
+
 def _no_children_left() -> list:
-    """Live child processes other than multiprocessing's resource tracker (one per parent, started with the
-    first spawn and kept by design; it holds no port and runs no worker code)."""
+    """Live child processes other than multiprocessing's resource tracker and forkserver (started with the first
+    worker and kept until this process exits; they hold no port and run no worker code)."""
     time.sleep(0.05)
     kids = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-    return [p for p in kids if not any("resource_tracker" in a for a in p.cmdline())] + mp.active_children()
+    return [p for p in kids if not any(h in a for a in p.cmdline() for h in HELPERS)] + mp.active_children()
 
 
 def _port_is_free(port: int) -> bool:
@@ -56,9 +59,10 @@ def _port_is_free(port: int) -> bool:
             return False
 
 
-def test_runs_n_processes_and_returns_each_rank_result():
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_runs_n_processes_and_returns_each_rank_result(start_method):
     port = free_port()
-    out = run_distributed(_sum_ranks, 3, port=port, timeout=60)
+    out = run_distributed(_sum_ranks, 3, port=port, timeout=60, start_method=start_method)
     assert [r["sum"] for r in out] == [3.0] * 3  # 0 + 1 + 2 on every rank
     assert all(r["gathered"] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0] for r in out)
     assert len({r["pid"] for r in out}) == 3 and os.getpid() not in {r["pid"] for r in out}
@@ -81,8 +85,8 @@ def test_timeout_terminates_every_worker():
     port = free_port()
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="within"):
-        run_distributed(_sleep, 2, port=port, timeout=4)
-    assert time.monotonic() - t0 < 15
+        run_distributed(_sleep, 2, port=port, timeout=2)
+    assert time.monotonic() - t0 < 10
     assert _no_children_left() == [] and _port_is_free(port)
 
 
@@ -92,3 +96,7 @@ def test_ring_bytes_formulas():
     assert ring_bytes("reduce_scatter", 400, 4) == 300 and ring_bytes("all_gather", 100, 4) == 300
     with pytest.raises(ValueError, match="unknown collective"):
         ring_bytes("all_to_all", 1, 2)
+    with pytest.raises(ValueError, match="never 'fork'"):
+        run_distributed(_sleep, 2, start_method="fork")
+    with pytest.raises(ValueError, match="at least one"):
+        run_distributed(_sleep, 0)
