@@ -16,6 +16,7 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     decoding.py     greedy decoding, temperature/top-k/top-p sampling and beam search on one next-token function
     speculative.py  speculative decoding: a draft proposes, the target verifies (exact and folk acceptance rules)
     batching.py     serving many requests: continuous (iteration-level) vs static batching over a paged cache
+    penalties.py    repetition controls as logits processors: CTRL penalty (and its sign bug), frequency/presence, no-repeat-n-gram
     quant.py        post-training quantisation: absmax int8/int4 per tensor/channel/group, W8A8 matmul, LLM.int8
 
 Shape comments use B = batch, T = time (Tq queries, Tk keys), nh = query heads, n_kv = key/value
@@ -33,6 +34,8 @@ from .latent import AbsorbedLatentAttention, LatentAttention
 from .layers import DecoderLayer, EncoderLayer, Residual
 from .models import Decoder, DecoderLM, Embeddings, Encoder, EncoderDecoder, EncoderTagger, Head, init_weights
 from .norms import RMSNorm, TokenBatchNorm, make_norm
+from .penalties import (banned_by_ngram, frequency_presence_penalty, naive_repetition_penalty, no_repeat_ngram,
+                        repetition_penalty, with_processors)
 from .positions import (alibi_slopes, apply_rope, rope_cos_sin, rope_inv_freq, rope_permutation, sinusoidal_table,
                         t5_bucket)
 from .quant import Int8Linear, Quantised, dequantise, fake_quantise, int8_matmul, quantise, quantise_model
@@ -50,5 +53,7 @@ __all__ = [
     "EncoderTagger", "DecoderLM", "EncoderDecoder",
     "KVCache", "RollingKVCache", "PagedKVCache", "BlockPool", "greedy",
     "filter_logits", "check_filters", "nucleus", "sample", "beam_search", "Beams", "gnmt_lp", "lm_beam_fns",
+    "repetition_penalty", "naive_repetition_penalty", "frequency_presence_penalty", "no_repeat_ngram",
+    "banned_by_ngram", "with_processors",
     "quantise", "dequantise", "fake_quantise", "Quantised", "int8_matmul", "Int8Linear", "quantise_model",
 ]
