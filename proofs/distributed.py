@@ -33,6 +33,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 
+# Imported once by the forkserver (when it starts), so forked workers need not: torch, this module, the shared
+# model, and pytest, which every proof file imports (a worker imports its function's module to unpickle it).
+PRELOAD = ["torch", "proofs.distributed", "proofs.transformer", "proofs.train", "pytest"]
+
+
 class WorkerError(RuntimeError):
     """A worker raised; the message carries its rank and traceback text."""
 
@@ -100,7 +105,7 @@ def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: fl
                          f"this process's threads and locks into every worker).")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(["torch", "proofs.distributed"])  # imported once, by the server
+        ctx.set_forkserver_preload(PRELOAD)  # imported once, by the server
     results = ctx.Queue()
     port = free_port() if port is None else port
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, timeout, results), daemon=True)
