@@ -67,3 +67,27 @@ def lookup_task(g: torch.Generator, batch: int, length: int, vocab: int, noise: 
         y = torch.where(flip, random_tokens(g, batch, length, vocab), y)
     return x, y
 # --8<-- [end:lookup]
+
+
+def markov_table(vocab: int, sharpness: float = 3.0) -> Tensor:
+    """A fixed (vocab, vocab) transition matrix, the same for every seed: row t = softmax(sharpness · N(0, 1))."""
+    g = torch.Generator().manual_seed(7)
+    return torch.softmax(sharpness * torch.randn(vocab, vocab, generator=g), dim=-1)
+
+
+def markov_entropy(vocab: int, sharpness: float = 3.0) -> float:
+    """Mean next-token entropy (nats) of markov_table's rows: the loss floor of a model that has learnt the chain,
+    averaged uniformly over the current token (markov_task starts uniform; the chain's mixing keeps it near)."""
+    p = markov_table(vocab, sharpness)
+    return float(-(p * p.log()).sum(-1).mean())
+
+
+def markov_task(g: torch.Generator, batch: int, length: int, vocab: int) -> tuple[Tensor, Tensor]:
+    """Language modelling on a first-order Markov chain (markov_table): target = the next token. The loss cannot
+    fall below the chain's entropy, so a run that fails shows as a loss stuck above that floor."""
+    p = markov_table(vocab)
+    x = torch.empty(batch, length + 1, dtype=torch.long)
+    x[:, 0] = torch.randint(0, vocab, (batch,), generator=g)
+    for t in range(length):
+        x[:, t + 1] = torch.multinomial(p[x[:, t]], 1, generator=g)[:, 0]
+    return x[:, :-1], x[:, 1:]

@@ -55,11 +55,14 @@ def train(
     clip: float | None = None,
     label_smoothing: float = 0.0,
     extra_loss: Callable[[nn.Module], Tensor] | None = None,
+    z_loss: float = 0.0,
 ) -> TrainLog:
     """Adam on token cross-entropy. batches(step) -> (inputs, targets); schedule(step) multiplies lr.
 
     extra_loss(model), if given, is added to the loss that is minimised (e.g. a mixture of experts'
     load-balancing loss, read after the forward pass); log.loss keeps the token cross-entropy alone.
+    z_loss > 0 adds z_loss · mean(logsumexp(logits)²) to the minimised loss (PaLM's auxiliary loss that pulls
+    log Z towards 0); log.loss still records the cross-entropy alone.
     Stops early (and records inf) once the loss stops being finite.
     """
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=1e-9)
@@ -68,9 +71,13 @@ def train(
     model.train()
     for step in range(steps):
         x, y = batches(step)
-        loss = token_loss(model(x), y, label_smoothing)
+        logits = model(x)
+        loss = token_loss(logits, y, label_smoothing)
         opt.zero_grad(set_to_none=True)
-        (loss + extra_loss(model) if extra_loss else loss).backward()
+        total = loss + extra_loss(model) if extra_loss else loss
+        if z_loss:
+            total = total + z_loss * logits.float().logsumexp(-1).pow(2).mean()
+        total.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else float("inf"))
         log.loss.append(loss.item())
         log.grad_norm.append(gn.item())
