@@ -76,7 +76,8 @@ def train(
         opt.zero_grad(set_to_none=True)
         total = loss + extra_loss(model) if extra_loss else loss
         if z_loss:
-            total = total + z_loss * logits.float().logsumexp(-1).pow(2).mean()
+            log_z = logits.to(torch.promote_types(logits.dtype, torch.float32)).logsumexp(-1)  # never below fp32
+            total = total + z_loss * log_z.pow(2).mean()
         total.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else float("inf"))
         log.loss.append(loss.item())
