@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE_DIR = Path(os.environ.get("PROOF_EVIDENCE_DIR", ROOT / "evidence"))
 # Files every proof depends on besides its own: a change to any of them makes all evidence stale.
-SHARED_FILES = ("tasks.py", "train.py", "evidence.py", "measure.py")
+SHARED_FILES = ("tasks.py", "train.py", "evidence.py", "measure.py", "distributed.py")
 SHARED_PACKAGES = ("transformer",)  # every file of proofs/transformer/
 VERDICTS = ("confirmed", "nuanced", "refuted")
 
