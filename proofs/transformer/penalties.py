@@ -4,7 +4,7 @@ Each processor maps (logits (B, V), ids (B, T)) -> logits (B, V): the next token
 (prompt included, as Hugging Face's processors do). `with_processors` wraps the `last_logits(ids, n_new)` function
 that greedy(), sample() and beam_search() take, so no decoding loop is copied.
 
-    repetition_penalty        CTRL-style (Keskar et al. 2019, §4.1) done right: a seen token's positive logit is
+    repetition_penalty        CTRL-style (Keskar et al. 2019) done right: a seen token's positive logit is
                               divided by theta, its negative logit multiplied by theta (theta > 1 penalises both)
     naive_repetition_penalty  the folk version, every seen logit divided by theta: a negative logit moves UP
     frequency_presence_penalty  OpenAI-style, subtractive: logit - frequency * count - presence * [count > 0]
