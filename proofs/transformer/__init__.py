@@ -18,6 +18,8 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     batching.py     serving many requests: continuous (iteration-level) vs static batching over a paged cache
     penalties.py    repetition controls as logits processors: CTRL penalty (and its sign bug), frequency/presence, no-repeat-n-gram
     quant.py        post-training quantisation: absmax int8/int4 per tensor/channel/group, W8A8 matmul, LLM.int8
+    nf4.py          QLoRA's 4-bit NormalFloat levels, blockwise 4-bit quantisation, double-quantisation bits
+    lora.py         LoRA: a frozen linear layer plus (alpha/r)·B A, applied by name, merged back into nn.Linear
 
 Shape comments use B = batch, T = time (Tq queries, Tk keys), nh = query heads, n_kv = key/value
 heads, hs = head size (d_k = d_v = d_model / n_heads), C = d_model, V = vocabulary.
@@ -31,8 +33,10 @@ from .config import ConfigError, TransformerConfig
 from .decoding import Beams, beam_search, check_filters, filter_logits, gnmt_lp, greedy, lm_beam_fns, nucleus, sample
 from .feedforward import FeedForward, MoEFeedForward
 from .latent import AbsorbedLatentAttention, LatentAttention
+from .lora import LoRALinear, apply_lora, merge_lora, trainable_parameters
 from .layers import DecoderLayer, EncoderLayer, Residual
 from .models import Decoder, DecoderLM, Embeddings, Encoder, EncoderDecoder, EncoderTagger, Head, init_weights
+from .nf4 import bits_per_weight, blockwise_dequantise, blockwise_quantise, int4_levels, nf4_levels
 from .norms import RMSNorm, TokenBatchNorm, make_norm
 from .penalties import (banned_by_ngram, frequency_presence_penalty, naive_repetition_penalty, no_repeat_ngram,
                         repetition_penalty, with_processors)
@@ -55,5 +59,7 @@ __all__ = [
     "filter_logits", "check_filters", "nucleus", "sample", "beam_search", "Beams", "gnmt_lp", "lm_beam_fns",
     "repetition_penalty", "naive_repetition_penalty", "frequency_presence_penalty", "no_repeat_ngram",
     "banned_by_ngram", "with_processors",
+    "LoRALinear", "apply_lora", "merge_lora", "trainable_parameters",
+    "nf4_levels", "int4_levels", "blockwise_quantise", "blockwise_dequantise", "bits_per_weight",
     "quantise", "dequantise", "fake_quantise", "Quantised", "int8_matmul", "Int8Linear", "quantise_model",
 ]

@@ -1,0 +1,94 @@
+"""LoRA (Hu et al. 2021): a frozen linear layer plus a trainable low-rank update, and merging it back.
+
+    y = x Wᵀ + b + (α / r) · x Aᵀ Bᵀ         A: (r, d_in), B: (d_out, r), W and b frozen
+
+One of A, B starts at zero so that the wrapped model starts exactly at the base model (the paper: A random
+Gaussian, B zero; §4.1). After training, W + (α/r)·B A is an ordinary weight of the same shape: `merged()`
+returns a plain nn.Linear, so the adapted model runs the base model's ops, no extra latency.
+Trainable parameters per wrapped matrix: r · (d_in + d_out), against d_in · d_out for full fine-tuning.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+INITS = ("b_zero", "a_zero", "both_zero", "both_random")  # which factor starts at zero (the paper: b_zero)
+
+
+class LoRALinear(nn.Module):
+    """A frozen nn.Linear `base` plus (alpha / r) · B A, with B A of rank at most r."""
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, init: str = "b_zero"):
+        super().__init__()
+        if not isinstance(base, nn.Linear):
+            raise TypeError(f"LoRALinear wraps an nn.Linear, got {type(base).__name__}.")
+        d_out, d_in = base.weight.shape
+        if not 0 < r <= min(d_in, d_out):
+            raise ValueError(f"LoRA rank r={r} must be in 1..min(d_in, d_out) = {min(d_in, d_out)} for a "
+                             f"{d_in}->{d_out} layer: a larger r is no longer low-rank (use full fine-tuning).")
+        if init not in INITS:
+            raise ValueError(f"init={init!r}: choose one of {INITS} (the paper's choice is 'b_zero').")
+        self.base, self.r, self.alpha, self.scaling, self.init = base, r, alpha, alpha / r, init
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.A = nn.Parameter(torch.zeros(r, d_in, dtype=base.weight.dtype))   # (r, d_in): reads the input
+        self.B = nn.Parameter(torch.zeros(d_out, r, dtype=base.weight.dtype))  # (d_out, r): writes the output
+        if init in ("b_zero", "both_random"):
+            nn.init.normal_(self.A, std=1 / math.sqrt(d_in))   # random Gaussian A (variance 1/d_in)
+        if init in ("a_zero", "both_random"):
+            nn.init.normal_(self.B, std=1 / math.sqrt(r))
+
+    def delta(self) -> Tensor:
+        """(alpha / r) · B A, shape (d_out, d_in): the update to the frozen weight."""
+        return self.scaling * self.B @ self.A
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., d_in) -> (..., d_out): the frozen layer plus the low-rank path through r numbers per token."""
+        return self.base(x) + self.scaling * F.linear(F.linear(x, self.A), self.B)  # (..., r) then (..., d_out)
+
+    @torch.no_grad()
+    def merged(self) -> nn.Linear:
+        """A plain nn.Linear with weight W + (alpha/r) B A and the same bias: the same function, the base's cost."""
+        out = nn.Linear(self.base.in_features, self.base.out_features, bias=self.base.bias is not None,
+                        dtype=self.base.weight.dtype)
+        out.weight.copy_(self.base.weight + self.delta())
+        if self.base.bias is not None:
+            out.bias.copy_(self.base.bias)
+        return out
+
+
+def apply_lora(model: nn.Module, targets: tuple[str, ...] = ("w_q", "w_v"), r: int = 4, alpha: float = 8.0,
+               init: str = "b_zero") -> list[str]:
+    """Freeze every parameter of `model`, then wrap each nn.Linear child whose attribute name is in `targets`
+    (e.g. w_q, w_k, w_v, w_o of attention, lin1, lin2 of the FFN) in a LoRALinear. Returns the wrapped paths."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    wrapped = []
+    for path, module in list(model.named_modules()):
+        for name, child in list(module.named_children()):
+            if name in targets and isinstance(child, nn.Linear):
+                setattr(module, name, LoRALinear(child, r, alpha, init))
+                wrapped.append(f"{path}.{name}" if path else name)
+    if not wrapped:
+        names = sorted({n for m in model.modules() for n, c in m.named_children() if isinstance(c, nn.Linear)})
+        raise ValueError(f"apply_lora found no nn.Linear named any of {targets}; this model's linear layers are "
+                         f"named {names}.")
+    return wrapped
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Replace every LoRALinear in `model` by its merged nn.Linear (in place); returns the model."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, LoRALinear):
+                setattr(module, name, child.merged())
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,83 @@
+"""LoRA and NF4 modules of the shared model: exact unit tests and bad-input errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from proofs.transformer import (DecoderLM, LoRALinear, TransformerConfig, apply_lora, bits_per_weight,
+                                blockwise_dequantise, blockwise_quantise, int4_levels, merge_lora, nf4_levels,
+                                trainable_parameters)
+
+
+def _lm(seed: int = 0) -> DecoderLM:
+    torch.manual_seed(seed)
+    return DecoderLM(TransformerConfig(vocab_size=16, d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout_emb=0.0,
+                                       dropout_residual=0.0)).eval()
+
+
+def test_wrapped_layer_starts_equal_and_freezes_the_base():
+    base = torch.nn.Linear(8, 6)
+    layer = LoRALinear(base, r=2, alpha=4.0)
+    x = torch.randn(3, 8)
+    assert torch.equal(layer(x), base(x))
+    assert not base.weight.requires_grad and not base.bias.requires_grad
+    assert layer.A.requires_grad and layer.B.requires_grad and layer.scaling == 2.0
+
+
+def test_merge_is_the_same_function():
+    layer = LoRALinear(torch.nn.Linear(8, 6), r=3, alpha=3.0)
+    with torch.no_grad():
+        layer.B.normal_()
+    x = torch.randn(5, 8)
+    merged = layer.merged()
+    assert type(merged) is torch.nn.Linear
+    torch.testing.assert_close(merged(x), layer(x))
+
+
+def test_apply_counts_and_merges_a_model():
+    model = _lm()
+    wrapped = apply_lora(model, ("w_q", "w_v"), r=2, alpha=4.0)
+    assert wrapped == ["decoder.layers.0.self_attn.w_q", "decoder.layers.0.self_attn.w_v"]
+    assert trainable_parameters(model) == 2 * 2 * (16 + 16)
+    ids = torch.randint(0, 16, (2, 5))
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, LoRALinear):
+                m.B.normal_()
+        before = model(ids)
+    merge_lora(model)
+    assert not any(isinstance(m, LoRALinear) for m in model.modules())
+    torch.testing.assert_close(model(ids), before)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"r": 0}, "rank"), ({"r": 9}, "rank"), ({"r": 2, "init": "gaussian"}, "init"),
+])
+def test_bad_lora_settings_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LoRALinear(torch.nn.Linear(8, 6), alpha=1.0, **kwargs)
+
+
+def test_unknown_targets_name_the_real_layers():
+    with pytest.raises(ValueError, match="w_q"):
+        apply_lora(_lm(), ("q_proj",))
+
+
+def test_nf4_levels():
+    levels = nf4_levels()
+    assert len(levels) == 16 and torch.all(levels[1:] > levels[:-1])
+    assert levels[0] == -1 and levels[-1] == 1 and (levels == 0).sum() == 1
+    assert (levels > 0).sum() == 8 and (levels < 0).sum() == 7  # asymmetric: 0 exact
+
+
+def test_blockwise_round_trip_and_bits():
+    w = torch.randn(4, 64, dtype=torch.float64)
+    for levels in (nf4_levels(), int4_levels()):
+        idx, absmax = blockwise_quantise(w, levels, block=64)
+        back = blockwise_dequantise(idx, absmax, levels, w.shape)
+        assert torch.equal(back.abs().amax(1), w.abs().amax(1))  # the block's absmax is a level: exact
+        assert torch.equal(blockwise_dequantise(*blockwise_quantise(back, levels), levels, w.shape), back)
+    assert bits_per_weight() == 4.5 and abs(bits_per_weight(double=True) - 4.126953125) < 1e-12
+    with pytest.raises(ValueError, match="blocks of 64"):
+        blockwise_quantise(torch.randn(100), nf4_levels())
