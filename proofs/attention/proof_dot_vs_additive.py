@@ -203,8 +203,10 @@ THRESHOLD_N256 = 3.0
 # Logits (seeds 100-139, mean ± sd of each asserted statistic): unscaled growth 7.95 ± 0.20; scaled growth
 # min 0.994 ± 0.026, max 1.054 ± 0.022; additive flatness 1.24 ± 0.08; additive spread min 0.42 ± 0.04, max
 # 0.65 ± 0.05; unscaled peak 0.951 ± 0.007; additive/scaled peak 0.252 ± 0.006; Jacobian ratio 4.2 ± 0.6;
-# additive with v ~ N(0, 1) peak 0.909 ± 0.012. Every threshold is at least 4 sd from its mean.
-THRESHOLDS_LOGITS = {"unscaled growth": 6, "scaled growth": (0.85, 1.2), "flat": 1.6, "additive spread": (0.25, 1.0),
+# additive with v ~ N(0, 1) peak 0.909 ± 0.012. Every threshold is at least 4 sd from its mean. The additive
+# spread's lower bound is 0.15, not 0.25: it is a minimum over sizes and three seeds, whose lower tail is longer
+# than its sd says (one seed of a 20-seed sweep on 2026-11-25 reached 0.245).
+THRESHOLDS_LOGITS = {"unscaled growth": 6, "scaled growth": (0.85, 1.2), "flat": 1.6, "additive spread": (0.15, 1.0),
                      "saturated": 0.9, "soft": 0.5, "jacobian": 1.5, "v saturated": 0.85}
 # Training (one seed per run, as in the test), seeds 100-159: additive − unscaled 0.80 ± 0.04 (min 0.66); scaled −
 # unscaled 0.78 ± 0.07 (min 0.53); additive − scaled 0.02 ± 0.07 (from −0.11 to +0.30). Each threshold is at least
