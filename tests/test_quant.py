@@ -151,3 +151,31 @@ def test_quantise_model_copies_and_replaces_every_linear():
 def test_quantise_model_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         quantise_model(tiny_lm(), **kwargs)
+
+
+def test_smoothing_factors_formula_equivalence_and_balance():
+    """s_j = max|X_j|^a / max|W_j|^(1-a); x Wᵀ = (x / s)(W s)ᵀ; after smoothing with a = 0.5 the activation and
+    weight maxima of each channel are equal (both sqrt(max|X_j| max|W_j|))."""
+    from proofs.transformer.quant import smoothing_factors
+    g = torch.Generator().manual_seed(7)
+    x, w = torch.randn(20, 8, generator=g, dtype=torch.float64), torch.randn(5, 8, generator=g, dtype=torch.float64)
+    x[:, 3] *= 50
+    a, b = x.abs().amax(0), w.abs().amax(0)
+    s = smoothing_factors(a, b, 0.5)
+    assert torch.allclose(s, a.sqrt() / b.sqrt(), rtol=1e-15, atol=0)
+    assert torch.allclose((x / s) @ (w * s).T, x @ w.T, rtol=1e-12, atol=1e-12)
+    assert torch.allclose((x / s).abs().amax(0), (w * s).abs().amax(0), rtol=1e-12)
+    assert torch.equal(smoothing_factors(a, b, 1.0), a) and torch.equal(smoothing_factors(a, b, 0.0), 1 / b)
+    a[0], b[1] = 0.0, 0.0  # an all-zero feature or column is left alone
+    assert smoothing_factors(a, b)[0] == 1 and smoothing_factors(a, b)[1] == 1
+
+
+@pytest.mark.parametrize("args,match", [
+    ((torch.ones(3), torch.ones(4)), "same 1-D shape"),
+    ((torch.ones(3), torch.ones(3), 1.5), "alpha"),
+    ((-torch.ones(3), torch.ones(3)), "negative"),
+])
+def test_smoothing_factors_errors(args, match):
+    from proofs.transformer.quant import smoothing_factors
+    with pytest.raises(ValueError, match=match):
+        smoothing_factors(*args)

@@ -132,11 +132,35 @@ def int8_matmul(x: Tensor, w: Tensor, act: str = "per_token", threshold: Optiona
     if xr.shape[1]:                                               # (every column an outlier: nothing left for int8)
         sx = absmax_scale(xr, 8) if act == "per_tensor" else absmax_scale(xr, 8, dim=1)  # () or (N, 1)
         sw = absmax_scale(wr, 8, dim=1)                           # (out, 1)
+        # sw is taken over the regular columns only, and the outlier columns of w stay in full precision. A kernel
+        # that quantises the whole row of w once, outlier columns included, could get a coarser sw: we did not
+        # check which bitsandbytes does, so this is our choice, not a copy of its kernel.
         qx = torch.round(xr / sx).clamp(-127, 127)
         qw = torch.round(wr / sw).clamp(-127, 127)
         y = y + (qx @ qw.T) * sx * sw.T                           # int32-style sum of integers, then rescale
     return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
 # --8<-- [end:matmul]
+
+
+# --8<-- [start:smooth]
+def smoothing_factors(act_absmax: Tensor, weight_absmax: Tensor, alpha: float = 0.5) -> Tensor:
+    """SmoothQuant's per-input-channel factors s_j = max|X_j|^alpha / max|W_j|^(1-alpha): (in,) from two (in,).
+
+    act_absmax: max |x| of each input feature over calibration tokens; weight_absmax: max |W[:, j]| over every
+    linear map that reads those features. Dividing feature j by s_j (folded into the producer, e.g. a norm's gain
+    and bias) and multiplying column j of each reader by s_j leaves x Wᵀ unchanged in real arithmetic; afterwards
+    max|X_j / s_j| = max|W_j s_j| = max|X_j|^(1-alpha) · max|W_j|^alpha. A feature or column that is all zero gets 1."""
+    if act_absmax.shape != weight_absmax.shape or act_absmax.dim() != 1:
+        raise ValueError(f"act_absmax {tuple(act_absmax.shape)} and weight_absmax {tuple(weight_absmax.shape)} "
+                         "must be the same 1-D shape (in_features,)")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha={alpha!r}: the migration strength must lie in [0, 1]")
+    if (act_absmax < 0).any() or (weight_absmax < 0).any():
+        raise ValueError("act_absmax and weight_absmax are maxima of |.|: they cannot be negative")
+    ok = (act_absmax > 0) & (weight_absmax > 0)
+    s = act_absmax.pow(alpha) / weight_absmax.pow(1.0 - alpha)   # pow(., 0.5) is a correctly rounded sqrt
+    return torch.where(ok, s, torch.ones_like(s))
+# --8<-- [end:smooth]
 
 
 class Int8Linear(nn.Module):
