@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from proofs.transformer import (DecoderLM, LoRALinear, TransformerConfig, apply_lora, bits_per_weight,
-                                blockwise_dequantise, blockwise_quantise, int4_levels, merge_lora, nf4_levels,
-                                trainable_parameters)
+from proofs.transformer import (DecoderLM, LoRALinear, TransformerConfig, apply_lora, bits_per_parameter,
+                                merge_lora, nf4_dequantise, nf4_levels, nf4_quantise, trainable_parameters)
 
 
 def _lm(seed: int = 0) -> DecoderLM:
@@ -71,13 +70,14 @@ def test_nf4_levels():
     assert (levels > 0).sum() == 8 and (levels < 0).sum() == 7  # asymmetric: 0 exact
 
 
-def test_blockwise_round_trip_and_bits():
+def test_nf4_round_trip_and_bits():
     w = torch.randn(4, 64, dtype=torch.float64)
-    for levels in (nf4_levels(), int4_levels()):
-        idx, absmax = blockwise_quantise(w, levels, block=64)
-        back = blockwise_dequantise(idx, absmax, levels, w.shape)
-        assert torch.equal(back.abs().amax(1), w.abs().amax(1))  # the block's absmax is a level: exact
-        assert torch.equal(blockwise_dequantise(*blockwise_quantise(back, levels), levels, w.shape), back)
-    assert bits_per_weight() == 4.5 and abs(bits_per_weight(double=True) - 4.126953125) < 1e-12
+    codes, absmax = nf4_quantise(w, block=64)
+    assert codes.shape == (4, 64) and absmax.shape == (4,) and int(codes.max()) <= 15
+    back = nf4_dequantise(codes, absmax, w.shape)
+    assert torch.equal(back.abs().amax(1), w.abs().amax(1))  # the block's absmax maps to ±1, a level: exact
+    assert torch.equal(nf4_dequantise(*nf4_quantise(back), back.shape), back)  # levels are fixed points
+    assert torch.equal(nf4_dequantise(*nf4_quantise(torch.zeros(64)), (64,)), torch.zeros(64, dtype=torch.float64))
+    assert bits_per_parameter() == 4.5 and bits_per_parameter(double=True) == 4 + 8 / 64 + 32 / (64 * 256)
     with pytest.raises(ValueError, match="blocks of 64"):
-        blockwise_quantise(torch.randn(100), nf4_levels())
+        nf4_quantise(torch.randn(100))

@@ -10,8 +10,8 @@
 # # LoRA and QLoRA
 #
 # Proofs for `docs/generation/lora.md`. `proofs/transformer/lora.py` wraps the shared model's linear layers
-# (W_Q, W_K, W_V, W_O, the FFN's lin1 and lin2) in a frozen layer plus (α/r)·B A; `proofs/transformer/nf4.py`
-# builds QLoRA's NF4 levels from normal quantiles and quantises in blocks of 64. Exact checks: the wrapped model
+# (W_Q, W_K, W_V, W_O, the FFN's lin1 and lin2) in a frozen layer plus (α/r)·B A; `proofs/transformer/quant.py`
+# builds QLoRA's NF4 levels from normal quantiles and quantises in blocks of 64 (next to its absmax int4). Exact checks: the wrapped model
 # starts at the base model, merging changes nothing but the module type, the trainable-parameter count, the
 # gradients at step one for each initialisation, NF4's levels. Two measured results: a toy adaptation (a
 # DecoderLM trained to copy the previous token, adapted to copy the token two back; thresholds from seeds
@@ -29,8 +29,8 @@ import torch
 
 from proofs.tasks import previous_token_task, random_tokens
 from proofs.train import fixed_batches, token_loss, train
-from proofs.transformer import (DecoderLM, LoRALinear, TransformerConfig, apply_lora, bits_per_weight,
-                                blockwise_dequantise, blockwise_quantise, int4_levels, merge_lora, nf4_levels,
+from proofs.transformer import (DecoderLM, LoRALinear, TransformerConfig, apply_lora, bits_per_parameter,
+                                fake_quantise, merge_lora, nf4_dequantise, nf4_levels, nf4_quantise,
                                 trainable_parameters)
 
 VOCAB, T, BATCH = 32, 16, 32
@@ -187,10 +187,14 @@ BNB_NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
            1.0]  # the 16 NF4 values as stored in bitsandbytes (float32), the reference our construction must hit
 
 
-def relative_error(w: torch.Tensor, levels: torch.Tensor) -> float:
-    """Mean squared error of blockwise (64) absmax quantisation onto `levels`, over the weights' variance."""
-    idx, absmax = blockwise_quantise(w, levels, block=64)
-    return (((blockwise_dequantise(idx, absmax, levels, w.shape) - w) ** 2).mean() / w.var()).item()
+def relative_error(w: torch.Tensor, code: str) -> float:
+    """Mean squared error over the weights' variance, blocks of 64 with one absmax constant each: NF4, or the
+    shared model's symmetric absmax int4 (per_group, group 64: levels k/7 · absmax, k = -7..7)."""
+    if code == "nf4":
+        back = nf4_dequantise(*nf4_quantise(w, block=64), w.shape)
+    else:
+        back = fake_quantise(w.reshape(-1, 64), bits=4, granularity="per_group", group_size=64).reshape(w.shape)
+    return (((back - w) ** 2).mean() / w.var()).item()
 
 
 @pytest.mark.claim("C-NF4-1", "confirmed")
@@ -211,7 +215,7 @@ def test_nf4_levels_fit_normal_weights(ev, seed):
     }
     ratio = {}
     for name, w in weights.items():
-        e_nf4, e_int4 = relative_error(w, levels), relative_error(w, int4_levels())
+        e_nf4, e_int4 = relative_error(w, "nf4"), relative_error(w, "int4")
         ratio[name] = e_nf4 / e_int4
         ev.record(f"relative MSE, {name}: NF4 / int4", [e_nf4, e_int4])
         ev.record(f"NF4 error / int4 error, {name}", ratio[name],
@@ -220,10 +224,11 @@ def test_nf4_levels_fit_normal_weights(ev, seed):
     ev.record("max |our NF4 level − bitsandbytes' table|", gap, expect="float32 rounding")
     ev.record("levels: count, containing 0", [len(levels), bool((levels == 0).any())])
     ev.record("bits per weight: NF4 + fp32 scale per 64 / + double quantisation",
-              [bits_per_weight(), bits_per_weight(double=True)], expect="4.5 / 4.127")
+              [bits_per_parameter(), bits_per_parameter(double=True)], expect="4.5 / 4.127")
     # over seeds 100-139: error ratio normal 0.732 ± 0.007 (max 0.748), Student-t(3) 0.464 ± 0.008 (max 0.49),
     # uniform 1.71 ± 0.013 (min 1.68)
     assert gap < 1e-6 and len(levels) == 16 and (levels == 0).any()
     assert ratio["normal"] < 0.9 and ratio["Student-t(3)"] < ratio["normal"] and ratio["uniform"] > 1.2
-    assert abs(bits_per_weight(double=True) - (4 + 8 / 64 + 32 / (64 * 256))) < 1e-12
+    assert bits_per_parameter() == 4 + 32 / 64
+    assert abs(bits_per_parameter(double=True) - (4 + 8 / 64 + 32 / (64 * 256))) < 1e-12
 # --8<-- [end:test_nf4]

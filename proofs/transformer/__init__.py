@@ -17,8 +17,8 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     speculative.py  speculative decoding: a draft proposes, the target verifies (exact and folk acceptance rules)
     batching.py     serving many requests: continuous (iteration-level) vs static batching over a paged cache
     penalties.py    repetition controls as logits processors: CTRL penalty (and its sign bug), frequency/presence, no-repeat-n-gram
-    quant.py        post-training quantisation: absmax int8/int4 per tensor/channel/group, W8A8 matmul, LLM.int8
-    nf4.py          QLoRA's 4-bit NormalFloat levels, blockwise 4-bit quantisation, double-quantisation bits
+    quant.py        post-training quantisation: absmax int8/int4 per tensor/channel/group, W8A8 matmul, LLM.int8;
+                    QLoRA's NF4 levels, blockwise NF4, bits per parameter with double quantisation
     lora.py         LoRA: a frozen linear layer plus (alpha/r)·B A, applied by name, merged back into nn.Linear
 
 Shape comments use B = batch, T = time (Tq queries, Tk keys), nh = query heads, n_kv = key/value
@@ -36,13 +36,13 @@ from .latent import AbsorbedLatentAttention, LatentAttention
 from .lora import LoRALinear, apply_lora, merge_lora, trainable_parameters
 from .layers import DecoderLayer, EncoderLayer, Residual
 from .models import Decoder, DecoderLM, Embeddings, Encoder, EncoderDecoder, EncoderTagger, Head, init_weights
-from .nf4 import bits_per_weight, blockwise_dequantise, blockwise_quantise, int4_levels, nf4_levels
 from .norms import RMSNorm, TokenBatchNorm, make_norm
 from .penalties import (banned_by_ngram, frequency_presence_penalty, naive_repetition_penalty, no_repeat_ngram,
                         repetition_penalty, with_processors)
 from .positions import (alibi_slopes, apply_rope, rope_cos_sin, rope_inv_freq, rope_permutation, sinusoidal_table,
                         t5_bucket)
-from .quant import Int8Linear, Quantised, dequantise, fake_quantise, int8_matmul, quantise, quantise_model
+from .quant import (Int8Linear, Quantised, bits_per_parameter, dequantise, fake_quantise, int8_matmul, nf4_dequantise,
+                    nf4_levels, nf4_quantise, quantise, quantise_model)
 from .variants import (AdditiveAttention, ALiBiAttention, RotaryAttention, ShawAttention, T5BiasAttention, XLAttention,
                        make_self_attention, rel_shift)
 
@@ -60,6 +60,6 @@ __all__ = [
     "repetition_penalty", "naive_repetition_penalty", "frequency_presence_penalty", "no_repeat_ngram",
     "banned_by_ngram", "with_processors",
     "LoRALinear", "apply_lora", "merge_lora", "trainable_parameters",
-    "nf4_levels", "int4_levels", "blockwise_quantise", "blockwise_dequantise", "bits_per_weight",
+    "nf4_levels", "nf4_quantise", "nf4_dequantise", "bits_per_parameter",
     "quantise", "dequantise", "fake_quantise", "Quantised", "int8_matmul", "Int8Linear", "quantise_model",
 ]

@@ -21,12 +21,16 @@ multiplied in full precision, the rest in int8.
 Everything here is an emulation in floating point: the integers are exact (held in float64 for the product,
 |q_x q_w| summed over in_features stays far below 2^53), no int8 kernel is called. It measures the rounding, not
 the speed.
+
+At the end: NF4, QLoRA's 4-bit NormalFloat code book, blockwise (64) NF4 quantisation, and the bits per
+parameter of blockwise storage with and without double quantisation.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Optional
 
 import torch
@@ -207,3 +211,49 @@ def quantise_model(model: nn.Module, bits: int = 8, granularity: str = "per_chan
             setattr(parent, name, Int8Linear(child, activations, threshold))
     return q
 # --8<-- [end:model]
+
+
+# --8<-- [start:nf4]
+# NF4, QLoRA's 4-bit NormalFloat (Dettmers et al. 2023, §3). Its 16 levels are quantiles of N(0, 1) rescaled to
+# [-1, 1], built asymmetrically so that 0 is a level: 8 from the positive half (probabilities evenly spaced from
+# 1/2 to 1 - δ) and 7 from the negative half, plus 0. A block of 64 weights shares one absmax constant, as in
+# per_group int4 above: w ≈ absmax · level. Double quantisation stores those fp32 constants in 8 bits, with one
+# fp32 constant per 256 of them.
+NF4_DELTA = 0.5 * (1 / 32 + 1 / 30)  # the outermost probability is 1 - δ (a finite quantile); bitsandbytes' choice
+
+
+def nf4_levels() -> Tensor:
+    """The 16 NF4 levels, sorted, in [-1, 1], with 0 exactly representable (float64)."""
+    q = NormalDist().inv_cdf
+    top = q(1 - NF4_DELTA)
+    pos = [q(0.5 + i * (0.5 - NF4_DELTA) / 8) / top for i in range(1, 9)]  # 8 positive levels, the last is 1
+    neg = [-q(0.5 + i * (0.5 - NF4_DELTA) / 7) / top for i in range(1, 8)]  # 7 negative levels, the last is -1
+    return torch.tensor(sorted(neg + [0.0] + pos), dtype=torch.float64)
+
+
+def nf4_quantise(w: Tensor, block: int = 64) -> tuple[Tensor, Tensor]:
+    """w (any shape, numel divisible by block) -> (codes (n_blocks, block) int64 indices into nf4_levels(),
+    absmax (n_blocks,) float64): each weight goes to the nearest level of w / absmax of its block."""
+    if block < 1 or w.numel() % block:
+        raise ValueError(f"{w.numel()} weights do not split into blocks of {block}: pad, or pick a positive divisor")
+    x = w.detach().to(torch.float64).reshape(-1, block)                   # (n_blocks, block)
+    absmax = x.abs().amax(dim=1)                                          # (n_blocks,)
+    absmax = torch.where(absmax > 0, absmax, torch.ones_like(absmax))     # an all-zero block: constant 1
+    codes = (x / absmax[:, None]).unsqueeze(-1).sub(nf4_levels()).abs().argmin(-1)  # (n_blocks, block)
+    return codes, absmax
+
+
+def nf4_dequantise(codes: Tensor, absmax: Tensor, shape: torch.Size) -> Tensor:
+    """levels[codes] · absmax, back in `shape` (float64)."""
+    return (nf4_levels()[codes] * absmax[:, None]).reshape(shape)
+
+
+def bits_per_parameter(code_bits: int = 4, block: int = 64, const_bits: int = 32, double: bool = False,
+                       dq_bits: int = 8, block2: int = 256) -> float:
+    """Storage per weight: the code plus its share of the block's constant (const_bits / block). With double
+    quantisation the block constants are stored in dq_bits, and each block2 of them share one const_bits
+    constant: code_bits + dq_bits / block + const_bits / (block · block2)."""
+    if not double:
+        return code_bits + const_bits / block
+    return code_bits + dq_bits / block + const_bits / (block * block2)
+# --8<-- [end:nf4]
