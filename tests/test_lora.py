@@ -61,6 +61,18 @@ def test_bad_lora_settings_raise(kwargs, match):
 def test_unknown_targets_name_the_real_layers():
     with pytest.raises(ValueError, match="w_q"):
         apply_lora(_lm(), ("q_proj",))
+    with pytest.raises(ValueError, match="q_proj"):  # one real name does not hide a misspelt one
+        apply_lora(_lm(), ("w_v", "q_proj"))
+
+
+def test_split_init_is_exactly_the_base_with_both_factors_nonzero():
+    base = torch.nn.Linear(8, 6)
+    layer = LoRALinear(base, r=4, alpha=4.0, init="split")
+    x = torch.randn(3, 8)
+    assert torch.equal(layer(x), base(x)) and torch.equal(layer.delta(), torch.zeros(6, 8))
+    assert layer.A.abs().sum() > 0 and layer.B.abs().sum() > 0
+    with pytest.raises(ValueError, match="r >= 2"):
+        LoRALinear(base, r=1, alpha=1.0, init="split")
 
 
 def test_nf4_levels():

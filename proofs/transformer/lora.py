@@ -17,7 +17,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-INITS = ("b_zero", "a_zero", "both_zero", "both_random")  # which factor starts at zero (the paper: b_zero)
+# Which factor starts at zero (the paper: b_zero). "split": neither is zero, yet B A = 0 exactly: A's first
+# ceil(r/2) rows and B's last r - ceil(r/2) columns are random, the rest zero, so every rank-one term
+# B[:, k] A[k, :] has a zero factor (needs r >= 2).
+INITS = ("b_zero", "a_zero", "both_zero", "both_random", "split")
 
 
 class LoRALinear(nn.Module):
@@ -33,6 +36,8 @@ class LoRALinear(nn.Module):
                              f"{d_in}->{d_out} layer: a larger r is no longer low-rank (use full fine-tuning).")
         if init not in INITS:
             raise ValueError(f"init={init!r}: choose one of {INITS} (the paper's choice is 'b_zero').")
+        if init == "split" and r < 2:
+            raise ValueError("init='split' puts half of the rank in A and half in B: it needs r >= 2.")
         self.base, self.r, self.alpha, self.scaling, self.init = base, r, alpha, alpha / r, init
         for p in base.parameters():
             p.requires_grad_(False)
@@ -42,6 +47,11 @@ class LoRALinear(nn.Module):
             nn.init.normal_(self.A, std=1 / math.sqrt(d_in))   # random Gaussian A (variance 1/d_in)
         if init in ("a_zero", "both_random"):
             nn.init.normal_(self.B, std=1 / math.sqrt(r))
+        if init == "split":
+            h = (r + 1) // 2
+            with torch.no_grad():
+                self.A[:h].normal_(std=1 / math.sqrt(d_in))     # rows 0..h-1 of A random, the rest zero
+                self.B[:, h:].normal_(std=1 / math.sqrt(r))     # columns h..r-1 of B random, the rest zero
 
     def delta(self) -> Tensor:
         """(alpha / r) · B A, shape (d_out, d_in): the update to the frozen weight."""
@@ -66,6 +76,11 @@ def apply_lora(model: nn.Module, targets: tuple[str, ...] = ("w_q", "w_v"), r: i
                init: str = "b_zero") -> list[str]:
     """Freeze every parameter of `model`, then wrap each nn.Linear child whose attribute name is in `targets`
     (e.g. w_q, w_k, w_v, w_o of attention, lin1, lin2 of the FFN) in a LoRALinear. Returns the wrapped paths."""
+    names = sorted({n for m in model.modules() for n, c in m.named_children() if isinstance(c, nn.Linear)})
+    unknown = sorted(set(targets) - set(names))
+    if unknown or not targets:
+        raise ValueError(f"apply_lora: no nn.Linear named {unknown or '(no targets given)'} in this model; its linear "
+                         f"layers are named {names}.")
     for p in model.parameters():
         p.requires_grad_(False)
     wrapped = []
@@ -74,10 +89,6 @@ def apply_lora(model: nn.Module, targets: tuple[str, ...] = ("w_q", "w_v"), r: i
             if name in targets and isinstance(child, nn.Linear):
                 setattr(module, name, LoRALinear(child, r, alpha, init))
                 wrapped.append(f"{path}.{name}" if path else name)
-    if not wrapped:
-        names = sorted({n for m in model.modules() for n, c in m.named_children() if isinstance(c, nn.Linear)})
-        raise ValueError(f"apply_lora found no nn.Linear named any of {targets}; this model's linear layers are "
-                         f"named {names}.")
     return wrapped
 
 
