@@ -193,7 +193,8 @@ def test_batching_lifts_decode_until_the_cache_dominates(ev, seed):
     about like B, so a large enough batch is compute-bound. With a long cache every sequence brings its own keys
     and values and the intensity flattens near n_heads/n_kv FLOPs per byte (plus the weights' share): more batch no
     longer helps, fewer key/value heads do. Would be refuted if batch did not raise short-context intensity, or if the long-context one
-    kept growing with B."""
+    kept growing with B. Fewer key/value heads cut bytes, not attention FLOPs: MHA and MQA counts differ by exactly
+    the K/V projection FLOPs (would be refuted by any other difference)."""
     batches = (1, 4, 16, 64)
     short = [decode(B, SHORT)["intensity"] for B in batches]
     long_mha = [decode(B, LONG)["intensity"] for B in batches]
@@ -203,6 +204,14 @@ def test_batching_lifts_decode_until_the_cache_dominates(ev, seed):
               expect="flattens near 1 (+ the weights' share)")
     ev.record(f"decode FLOPs/byte, {LONG} cached tokens, MQA (1 KV head of 4), batch {', '.join(map(str, batches))}",
               long_mqa, expect="flattens near 4 = n_heads/n_kv (+ the weights' share)")
+    mha4, mqa4 = decode(4, LONG), decode(4, LONG, n_kv=1)
+    proj = 2 * 4 * C * 2 * (NH - 1) * HS * LAYERS  # the K/V projection columns MQA drops: 2·B·d_model·2(n_h−n_kv)·hs·L
+    mix = 2 * 2 * 4 * NH * (LONG + 1) * HS * LAYERS  # q·kᵀ and p·v of every query head over T+1 keys
+    ev.record(f"decode FLOPs, batch 4, {LONG} cached tokens: MHA, MQA", [mha4["flops"], mqa4["flops"]],
+              expect="MQA fewer only by its smaller K/V projections")
+    ev.record("MHA − MQA FLOPs; K/V projection FLOPs saved (formula); score-and-mix FLOPs (formula, same in both)",
+              [mha4["flops"] - mqa4["flops"], proj, mix], expect="first two equal")
+    assert mha4["flops"] - mqa4["flops"] == proj  # so the attention scores and mixing cost the same FLOPs
     c = decode(64, LONG)
     ev.record(f"cache bytes / weight bytes at batch 64, {LONG} cached tokens (toy)", c["cache_bytes"] / c["weight_bytes"])
     one = decode(1, 1)
