@@ -29,7 +29,7 @@ def test_merge_is_the_same_function():
     with torch.no_grad():
         layer.B.normal_()
     x = torch.randn(5, 8)
-    merged = layer.merged()
+    merged = layer.merge()
     assert type(merged) is torch.nn.Linear
     torch.testing.assert_close(merged(x), layer(x))
 

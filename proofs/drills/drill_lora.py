@@ -49,7 +49,7 @@ def merge_reference(weight, A, B, alpha):
     with torch.no_grad():
         layer.base.weight.copy_(weight), layer.A.copy_(A), layer.B.copy_(B)
         layer.alpha, layer.scaling = alpha, alpha / A.shape[0]
-        return layer.merged().weight
+        return layer.merge().weight
 
 
 def _args():

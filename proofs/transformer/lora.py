@@ -3,7 +3,7 @@
     y = x Wᵀ + b + (α / r) · x Aᵀ Bᵀ         A: (r, d_in), B: (d_out, r), W and b frozen
 
 One of A, B starts at zero so that the wrapped model starts exactly at the base model (the paper: A random
-Gaussian, B zero; §4.1). After training, W + (α/r)·B A is an ordinary weight of the same shape: `merged()`
+Gaussian, B zero; §4.1). After training, W + (α/r)·B A is an ordinary weight of the same shape: `merge()`
 returns a plain nn.Linear, so the adapted model runs the base model's ops, no extra latency.
 Trainable parameters per wrapped matrix: r · (d_in + d_out), against d_in · d_out for full fine-tuning.
 """
@@ -62,7 +62,7 @@ class LoRALinear(nn.Module):
         return self.base(x) + self.scaling * F.linear(F.linear(x, self.A), self.B)  # (..., r) then (..., d_out)
 
     @torch.no_grad()
-    def merged(self) -> nn.Linear:
+    def merge(self) -> nn.Linear:
         """A plain nn.Linear with weight W + (alpha/r) B A and the same bias: the same function, the base's cost."""
         out = nn.Linear(self.base.in_features, self.base.out_features, bias=self.base.bias is not None,
                         dtype=self.base.weight.dtype)
@@ -97,7 +97,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, LoRALinear):
-                setattr(module, name, child.merged())
+                setattr(module, name, child.merge())
     return model
 
 
