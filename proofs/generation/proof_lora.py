@@ -11,9 +11,9 @@
 #
 # Proofs for `docs/generation/lora.md`. `proofs/transformer/lora.py` wraps the shared model's linear layers
 # (W_Q, W_K, W_V, W_O, the FFN's lin1 and lin2) in a frozen layer plus (α/r)·B A; `proofs/transformer/quant.py`
-# builds QLoRA's NF4 levels from normal quantiles and quantises in blocks of 64 (next to its absmax int4). Exact checks: the wrapped model
-# starts at the base model, merging changes nothing but the module type, the trainable-parameter count, the
-# gradients at step one for each initialisation, NF4's levels. Two measured results: a toy adaptation (a
+# builds QLoRA's NF4 levels from normal quantiles and quantises in blocks of 64 (next to its absmax int4).
+# Exact checks: the wrapped model starts at the base model, merging changes nothing but the module type, the
+# trainable-parameter count, the gradients at step one for each initialisation, NF4's levels. Two measured results: a toy adaptation (a
 # DecoderLM trained to copy the previous token, adapted to copy the token two back; thresholds from seeds
 # 100-139) and NF4 against int4 on normal, heavy-tailed and uniform weights.
 # Run: `pytest proofs/generation/proof_lora.py`.
@@ -131,7 +131,8 @@ def test_one_factor_zero_both_zero_never_trains(ev, seed):
         with torch.no_grad():
             start_gap[init] = (model(x) - base(x)).abs().max().item()
         token_loss(model(x), y).backward()
-        grads[init] = (sum(m.A.grad.abs().sum().item() for m in layers), sum(m.B.grad.abs().sum().item() for m in layers))
+        grads[init] = (sum(m.A.grad.abs().sum().item() for m in layers),
+                       sum(m.B.grad.abs().sum().item() for m in layers))
         if init == "both_zero":
             model.zero_grad(set_to_none=True)
             train(model, fixed_batches(two_back_task, 200 + seed, BATCH, T, VOCAB), 20, lr=LORA_LR)
