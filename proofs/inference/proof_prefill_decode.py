@@ -219,6 +219,13 @@ def test_batching_lifts_decode_until_the_cache_dominates(ev, seed):
               expect="≈ 6·d_model: the toy's cache overtakes its weights early", key=False)
     ev.record("7B (LLaMA-2 shape): tokens of cache that weigh as much as the weights", 2 * PARAMS_7B / CACHE_PER_TOKEN_7B,
               expect="arithmetic", key=False)
+    # arithmetic: at the ridge batch (≈ 153 on an A100) how many cached tokens per sequence fit in 80 GB beside the
+    # weights? MHA LLaMA-2-7B shape (512 KiB per token) against a GQA-8 cache of the same model (128 KiB per token)
+    b_ridge = round(ridge("A100 SXM 80GB"))
+    room = 80e9 - 2 * PARAMS_7B
+    ev.record("7B on A100 80GB at the ridge batch: batch, cached tokens per sequence that fit (MHA), same with GQA-8",
+              [b_ridge, room / (b_ridge * CACHE_PER_TOKEN_7B), room / (b_ridge * CACHE_PER_TOKEN_7B / 4)],
+              expect="arithmetic: ≈ 830 tokens with MHA, ≈ 3300 with GQA-8")
     for B, T in ((1, 0), (64, 0), (16, 4096)):
         r = decode_step_7b(B, T)
         ev.record(f"7B (LLaMA-2 shape) decode step on A100, batch {B}, {T} cached: FLOPs/byte, compute ms, memory ms",
