@@ -280,37 +280,50 @@ def test_d_model_formula_overcounts_gqa_by_n_heads_over_n_kv(ev, seed):
 # --8<-- [end:test_folk]
 
 
+SEEDS_AVERAGED = 3  # one run per arm is too noisy for a bound (GQA-2 alone: 0.83 ± 0.34 nats, max 1.84)
+
+
 def _quality(ev, seed: int, n_kv: int, name: str) -> dict:
-    mha, arm = trained(seed, NH), trained(seed, n_kv)
-    ev.record("held-out loss on the repeated half (nats), MHA (4 KV heads)", mha["loss"], expect=f"≪ {CHANCE:.2f} (chance)")
-    ev.record(f"held-out loss on the repeated half (nats), {name}", arm["loss"], expect=f"≪ {CHANCE:.2f} (chance)")
-    ev.record(f"loss gap {name} − MHA (nats)", arm["loss"] - mha["loss"])
-    ev.record(f"parameters: MHA, {name}", [mha["params"], arm["params"]], expect="fewer: W_K, W_V shrink", key=False)
-    return {"mha": mha["loss"], "arm": arm["loss"], "gap": arm["loss"] - mha["loss"], "params": (mha["params"], arm["params"])}
+    """Mean held-out loss of MHA and of the arm over SEEDS_AVERAGED initialisations (seed, seed+1, ...)."""
+    runs = [(trained(s, NH), trained(s, n_kv)) for s in range(seed, seed + SEEDS_AVERAGED)]
+    mha = sum(m["loss"] for m, _ in runs) / SEEDS_AVERAGED
+    arm = sum(a["loss"] for _, a in runs) / SEEDS_AVERAGED
+    params = (runs[0][0]["params"], runs[0][1]["params"])
+    ev.record("held-out loss on the repeated half (nats), MHA (4 KV heads)", mha,
+              expect=f"≪ {CHANCE:.2f} (chance); mean of {SEEDS_AVERAGED} seeds")
+    ev.record(f"held-out loss on the repeated half (nats), {name}", arm,
+              expect=f"≪ {CHANCE:.2f} (chance); mean of {SEEDS_AVERAGED} seeds")
+    ev.record(f"loss gap {name} − MHA (nats)", arm - mha, expect=f"mean of {SEEDS_AVERAGED} paired seeds")
+    ev.record(f"parameters: MHA, {name}", list(params), expect="fewer: W_K, W_V shrink", key=False)
+    return {"mha": mha, "arm": arm, "gap": arm - mha, "params": params}
 
 
 # --8<-- [start:test_quality]
 @pytest.mark.claim("C-GQA-2", "nuanced")
 def test_gqa_2_learns_the_induction_task_at_equal_steps(ev, seed):
-    """At 120 equal Adam steps a 2-layer LM with 2 key/value heads learns the repeat task as well as the 4-head MHA
-    within the seed spread: toy scale, one run per arm. Would be refuted if GQA-2 stayed near chance while MHA
-    learned (a gap above the bound set from the spread over 40 seeds)."""
+    """At 120 equal Adam steps a 2-layer LM with 2 key/value heads learns the repeat task, averaged over three
+    initialisations: toy scale. This test separates "learns" from "stays near chance"; it cannot separate
+    confirmed from nuanced (a small quality loss), so the nuanced verdict rests on Ainslie et al. Table 1 (GQA-8
+    close to MHA-XXL, MQA a little worse) and DeepSeek-V2's Table 8 comparison. Would be refuted if GQA-2 stayed
+    near chance while MHA learned (a mean gap above the bound set from the 20-seed spread)."""
     r = _quality(ev, seed, 2, "GQA-2 (2 KV heads)")
-    # over seeds 100-139 (one run per arm): MHA 0.69 ± 0.22 nats (max 1.20), GQA-2 0.74 ± 0.26 (max 1.31), gap
-    # GQA-2 − MHA 0.05 ± 0.32 (from −0.75 to +0.77): no difference the toy can resolve. Bounds: losses below
-    # 0.7 × chance = 1.90 (MHA's mean + 4 sd is 1.57, GQA-2's 1.79); gap below mean + 4 sd = 1.34.
+    # one run per arm over 20 random seeds (bench/seeds): MHA 0.69 ± 0.24 nats (max 1.20), GQA-2 0.83 ± 0.34 (max
+    # 1.84), gap 0.14 ± 0.41 (max 1.04). Means of 3 seeds, swept over seeds 100-139: MHA 0.69 ± 0.14 (max 0.94),
+    # GQA-2 0.74 ± 0.14 (max 1.02), both far below 0.7 × chance = 1.90; gap 0.05 ± 0.21 (max 0.43), bound 1.2 =
+    # mean + 5.5 sd.
     assert r["params"][1] < r["params"][0]
     assert r["mha"] < 0.7 * CHANCE and r["arm"] < 0.7 * CHANCE
-    assert r["gap"] < 1.34
+    assert r["gap"] < 1.2
 
 
 def test_mqa_at_equal_steps(ev, seed):
-    """The same with one key/value head (MQA), recorded for the page; no quality bound is asserted, because the
-    seed spread allows none: on some seeds MQA has not learned the task by step 120."""
+    """The same with one key/value head (MQA), mean of three initialisations, recorded for the page; no gap bound
+    is asserted: single runs of MQA sometimes have not learned the task by step 120."""
     r = _quality(ev, seed, 1, "MQA (1 KV head)")
-    # over seeds 100-139: MQA 0.95 ± 0.49 nats (max 2.34, chance 2.71), gap MQA − MHA 0.27 ± 0.54 (from −0.52 to
-    # +1.85); on 6 of the 40 seeds MQA's loss was still above 1.9 nats at step 120 while MHA's was below 0.8. A bound
-    # at mean + 4 sd (2.4 nats) would be above anything the task allows, so only the parameter count is asserted.
+    # means of 3 seeds over seeds 100-139: MQA 0.94 ± 0.20 nats (max 1.26, chance 2.71). One run per arm over 20
+    # random seeds: MQA 0.97 ± 0.34 nats (max 1.82), gap MQA − MHA 0.28 ± 0.36
+    # (max 0.99); an earlier sweep over seeds 100-139 saw MQA above 1.9 nats at step 120 on 6 of 40 seeds, so only
+    # the parameter count and MHA's learning are asserted.
     assert r["params"][1] < r["params"][0]
     assert r["mha"] < 0.7 * CHANCE
 # --8<-- [end:test_quality]
