@@ -210,6 +210,7 @@ PROBES = {
     "log_softmax": lambda x: F.log_softmax(x, -1),
     "layer_norm": lambda x: F.layer_norm(x, (8,)),
     "cross_entropy": lambda x: F.cross_entropy(x, torch.zeros(x.shape[0], dtype=torch.long)),
+    "sum": lambda x: x.sum(-1),  # a plain reduction: on the CUDA fp32 list, on neither CPU list
 }
 
 
@@ -238,9 +239,10 @@ class OutputDtypes(TorchDispatchMode):
 @pytest.mark.claim("C-PREC-1", "confirmed")
 def test_cpu_autocast_policy(ev, seed):
     """A count of this torch's CPU autocast policy (not a law: CUDA's lists differ). Shows linear/matmul are cast
-    down to bf16 even from fp32 inputs, cross_entropy is cast up to fp32, and softmax/log_softmax/layer_norm
-    are on neither CPU list, so they keep their input dtype: in the shared model the attention softmax runs in
-    bf16. Would read otherwise if a torch version put softmax/layer_norm on the CPU fp32 list."""
+    down to bf16 even from fp32 inputs, cross_entropy is cast up to fp32, and softmax/log_softmax/layer_norm and a
+    plain sum are on neither CPU list, so they keep their input dtype: in the shared model the attention softmax runs
+    in bf16, and "autocast keeps reductions in fp32" does not hold on CPU. Would read otherwise if a torch version
+    put softmax/layer_norm/sum on the CPU fp32 list."""
     pol = autocast_policy()
     for op, (from32, from16) in pol.items():
         ev.record(f"{op}: output dtype from fp32 input / from bf16 input", f"{from32} / {from16}")
@@ -256,7 +258,7 @@ def test_cpu_autocast_policy(ev, seed):
     ev.record("DecoderLM under autocast: logits dtype / loss dtype", f"{logits.dtype} / {loss.dtype}")
     bf, f32 = "torch.bfloat16", "torch.float32"
     assert pol["linear"] == (bf, bf) and pol["matmul"] == (bf, bf) and pol["cross_entropy"] == (f32, f32)
-    for op in ("softmax", "log_softmax", "layer_norm"):
+    for op in ("softmax", "log_softmax", "layer_norm", "sum"):
         assert pol[op] == (f32, bf)  # on neither list: follows its input
     assert set(mode.seen["addmm"]) == {"bfloat16"} and set(mode.seen["_softmax"]) == {"bfloat16"}
     assert set(mode.seen["nll_loss_forward"]) == {"float32"} and loss.dtype == torch.float32
