@@ -334,10 +334,11 @@ def _plot_losses(ev, with_bos: dict, without: dict):
 
 # --8<-- [start:test_sink_window]
 @pytest.mark.claim("C-SINK-1", "nuanced")
-def test_windowed_decoding_needs_the_first_token_only_if_a_sink_formed(ev, seed):
+def test_evicting_the_first_token_costs_loss_and_sinks_take_it_back(ev, seed):
     """With a window of 8, evicting position 0 raises the loss of the BOS-trained LM, and keeping the first 4 positions
     as sinks (StreamingLLM's choice) takes back most of that rise. Would be refuted by no loss from evicting BOS, or by
-    sinks that recover less than 40 % of it."""
+    sinks that recover less than 40 % of it. The model trained without a fixed first token is recorded beside it: its
+    eviction cost is about five times smaller on average, but not on every seed, so that comparison is not asserted."""
     with_bos = sink_measurements(seed, bos=True)
     without = sink_measurements(seed, bos=False)
     lb, ln = with_bos["loss"], without["loss"]
@@ -348,7 +349,9 @@ def test_windowed_decoding_needs_the_first_token_only_if_a_sink_formed(ev, seed)
     ev.record("loss increase with BOS kept as 1 sink", kept, expect="≈ 0")
     ev.record("share / uniform on position 0, trained WITHOUT a fixed first token",
               without["trained"]["mean"] / without["trained"]["uniform"], expect="no sink: about 1 or below")
-    ev.record("loss increase from evicting the first token, no fixed first token", ln["window"][0] - ln["full"][0])
+    cost_no = ln["window"][0] - ln["full"][0]
+    ev.record("loss increase from evicting the first token, no fixed first token", cost_no)
+    ev.record("eviction cost with BOS minus without", cost - cost_no, expect="> 0: the cost comes with the sink")
     for name in lb:
         ev.record(f"loss past the training length (positions 32..127), {name}, BOS-trained", lb[name][1], key=False)
     _plot_losses(ev, lb, ln)
@@ -357,5 +360,6 @@ def test_windowed_decoding_needs_the_first_token_only_if_a_sink_formed(ev, seed)
     # Over seeds 100-139 (40 models): cost 0.039 ± 0.023 (min 0.007); with 4 sinks kept, kept4 / cost is
     # 0.10 ± 0.12 (max 0.57), so the bound 0.6 is 4.3 sd above the mean. One sink alone (kept / cost 0.19 ± 0.20,
     # max 1.17) and the cost without BOS (0.0070 ± 0.0036) vary too much per model to assert: they are recorded.
+    # Cost with BOS minus without: 0.032 ± 0.022, min −0.0013 (one seed of 40 below 0), so no per-seed "only if".
     assert cost > 0 and kept4 < 0.6 * cost
 # --8<-- [end:test_sink_window]
