@@ -227,7 +227,11 @@ def sampling_run(seed: int) -> dict:
     tv = {rule: 0.5 * (exact[rule] - exact["target"]).abs().sum().item() for rule in ("exact", "argmax")}
     p0, q0 = torch.tensor(p[()]), torch.tensor(q[()])  # the first token: folk = q(a)·δ_a + (1 − q(a))·p
     a = int(p0.argmax())
+    # another folk rule: on rejection draw from p itself, not from (p − q)+. Its first token is distributed as
+    # min(p, q) (accepted) + (1 − Σ min(p, q))·p (rejected, then drawn from p): closed form, no sampling.
+    resample_p = torch.minimum(p0, q0) + (1 - torch.minimum(p0, q0).sum()) * p0
     return {"curves": curves, "stats": stats, "tv_exact": tv, "first_token_bias": (q0[a] * (1 - p0[a])).item(),
+            "resample_p_bias": 0.5 * (resample_p - p0).abs().sum().item(),
             "tv_p_q": 0.5 * (p0 - q0).abs().sum().item(), "total": {r: exact[r].sum().item() for r in exact}}
 # --8<-- [end:sampling]
 
@@ -339,6 +343,10 @@ def test_accepting_when_the_argmax_agrees_biases_sampling(ev, seed):
     ev.record("TV at N = 125, 500, 2000, 8000, argmax-agrees rule vs its own enumerated distribution",
               r["curves"]["argmax vs its own"], expect="shrinking: the sampler does what was enumerated", key=False)
     ev.record("acceptance rate, argmax-agrees rule", r["stats"]["argmax"].acceptance_rate, key=False)
+    ev.record("TV to p of the first token when a rejection redraws from p, closed form", r["resample_p_bias"],
+              expect="> 0: accepted mass min(p, q) is counted twice")
+    # exact identity: min(p,q) + (1 − β)p − p = min(p,q) − βp, zero only when q = p on p's support, i.e. TV(p,q) = 0
+    assert (r["resample_p_bias"] > 1e-6) == (r["tv_p_q"] > 1e-6)
     assert r["tv_exact"]["argmax"] >= r["first_token_bias"] - 1e-9  # a marginal's TV never exceeds the joint's
     # THRESHOLDS: see the seed report
     assert r["tv_exact"]["argmax"] > 1e-4 > 1e5 * r["tv_exact"]["exact"]
