@@ -425,5 +425,5 @@ def test_loop_probability_barely_grows_with_repetitions(ev, seed):
     # THRESHOLDS from seeds 100-139 (40 seeds): own loop p after 1 round 0.497 +- 0.022, growth from 1 to 6 rounds
     # 0.012 +- 0.021 (min -0.025, max 0.054); random phrase p 0.031 +- 0.006, growth 0.0005 +- 0.0015.
     assert r["looping rows"] > 0
-    assert abs(r["own loop"][6] - r["own loop"][1]) < 0.15  # 6.6 sd above the mean growth
+    assert abs(r["own loop"][6] - r["own loop"][1]) < 0.1  # 4.2 sd above the mean growth (largest seen 0.054)
     assert max(r["random phrase"].values()) < 0.1  # 12 sd above the mean: no copying of an arbitrary phrase
