@@ -346,6 +346,11 @@ def test_activations_per_layer_beside_the_formula(ev, seed):
     assert ours["bytes"] == saved_activations(b, s, h, a, dropout_residual=0.1)["bytes"]
     # paper setting: + 1 byte for each of the 2 residual masks (sbh) and the attention mask (as²b); + LN statistics
     assert paper["classes"] == {"sbh": 20, "4sbh": 4, "as²b": 6, "sb": 8}
+    # the same layer at s = 48: identical bytes per class element, so the sbh classes grew as s and as²b as s²
+    longer = saved_by_class(b, 48, h, a, torch.bfloat16, **PAPER_LAYER)
+    ev.record("paper setting, saved bytes at s = 48 / at s = 32", longer["bytes"] / paper["bytes"],
+              expect="between 1.5 (all linear in s) and 2.25 (all quadratic)")
+    assert longer["classes"] == paper["classes"]
     # fp32 default: 10 sbh-sized tensors × 4 B, ReLU keeps one 4h tensor (its output is the next input) × 4 B,
     # one score matrix (no attention dropout) × 4 B, LN statistics 4 × 4 B
     assert ours["classes"] == {"sbh": 40, "4sbh": 4, "as²b": 4, "sb": 16}
