@@ -266,7 +266,9 @@ def test_greedy_speculative_decoding_returns_the_targets_tokens_with_fewer_calls
         x = r[name]
         ev.record(f"prompts with the target's exact tokens, {name}", f"{x['same']} / {n}", expect="all")
         ev.record(f"target passes per generated token, {name}", x["passes_per_token"], expect="< 1 (1 = target alone)")
-        ev.record(f"acceptance rate (kept / drafted), {name}", x["acceptance"])
+        ev.record(f"acceptance rate (kept / drafted), {name}", x["acceptance"], key=False)
+        ev.record(f"α, Leviathan's per-proposal acceptance (kept / judged), {name}", x["alpha"],
+                  expect="≥ kept / drafted: proposals after a rejection are never judged")
         ev.record(f"tokens per target pass, {name}", x["tokens_per_pass"], key=False)
         ev.record(f"Leviathan Eq. 1 at the measured alpha, (1 − α^(k+1))/(1 − α), {name}",
                   (1 - x["alpha"] ** (x["k"] + 1)) / (1 - x["alpha"]) if x["alpha"] < 1 else x["k"] + 1, key=False)
