@@ -43,6 +43,7 @@ ARMS = {  # name -> (config switches, train() switches)
     "z-loss 1e-4": ({}, {"z_loss": 1e-4}),
     "z-loss 1e-2": ({}, {"z_loss": 1e-2}),
     "clip 1.0": ({}, {"clip": 1.0}),
+    "clip 0.1": ({}, {"clip": 0.1}),  # clips nearly every step: tests the "Adam undoes uniform rescaling" argument
 }
 
 
@@ -55,8 +56,9 @@ ARMS = {  # name -> (config switches, train() switches)
 
 # %%
 # --8<-- [start:runs]
-def largest_logits(model: DecoderLM, ids: torch.Tensor) -> tuple[float, float]:
-    """(largest |attention logit| over layers, heads and positions, mean |log Z| of the output softmax)."""
+def largest_logits(model: DecoderLM, ids: torch.Tensor) -> tuple[float, float, float]:
+    """(largest |attention logit| over layers, heads and positions, mean |log Z| of the output softmax, mean
+    attention entropy in nats over layers, heads and query positions 1.. (0 = one-hot rows))."""
     seen: list[float] = []
     mods = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     for m in mods:
@@ -68,10 +70,13 @@ def largest_logits(model: DecoderLM, ids: torch.Tensor) -> tuple[float, float]:
     try:
         with torch.no_grad(), record_attention(model):
             logits = model(ids)  # (B, T, V)
+            # each m.weights: (B, H, T, T); query 0 sees only itself, so its row is one-hot by construction
+            entropy = [-(m.weights[:, :, 1:] * m.weights[:, :, 1:].clamp_min(1e-30).log()).sum(-1).mean().item()
+                       for m in mods]
     finally:
         for m in mods:
             del m.score
-    return max(seen), logits.logsumexp(-1).abs().mean().item()
+    return max(seen), logits.logsumexp(-1).abs().mean().item(), sum(entropy) / len(entropy)
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,13 +96,15 @@ def run(seed: int, arm: str, lr: float) -> dict:
     log = train(model, fixed_batches(markov_task, 1_000 + seed, batch=BATCH, length=LENGTH, vocab=VOCAB), STEPS,
                 lr=lr, **train_switches)
     probe, _ = markov_task(torch.Generator().manual_seed(5_000 + seed), 32, LENGTH, VOCAB)
-    max_logit, log_z = largest_logits(model.eval(), probe)
+    max_logit, log_z, entropy = largest_logits(model.eval(), probe)
     best, spikes = log.loss[0], 0
     for step, loss in enumerate(log.loss):
         spikes += step > 10 and loss > best + SPIKE
         best = min(best, loss)
-    return {"loss": log.loss, "final": log.final(), "max_logit": max_logit, "log_z": log_z, "spikes": spikes,
-            "clipped": sum(g > 1.0 for g in log.grad_norm) / len(log.grad_norm), "qk_growth": qk_size() / qk_init}
+    return {"loss": log.loss, "final": log.final(), "max_logit": max_logit, "log_z": log_z, "entropy": entropy,
+            "spikes": spikes,
+            "clipped": sum(g > train_switches.get("clip", float("inf")) for g in log.grad_norm) / len(log.grad_norm),
+            "qk_growth": qk_size() / qk_init}
 # --8<-- [end:runs]
 
 
@@ -131,6 +138,8 @@ def test_attention_logits_grow_at_high_lr(ev, seed):
     ev.record("final loss gap, plain, lr 0.1 − lr 3e-3", high["final"] - safe["final"], key=False)
     ev.record("largest attention logit, plain, lr 3e-3", safe["max_logit"])
     ev.record("largest attention logit, plain, lr 0.1", high["max_logit"], expect="thousands: one-hot rows")
+    ev.record("attention entropy (nats), plain, lr 3e-3", safe["entropy"])
+    ev.record("attention entropy (nats), plain, lr 0.1", high["entropy"], expect="near 0: one-hot rows")
     ev.record("‖W_Q‖·‖W_K‖ after / before training, plain, lr 3e-3", safe["qk_growth"])
     ev.record("‖W_Q‖·‖W_K‖ after / before training, plain, lr 0.1", high["qk_growth"], expect="the weights grew")
     ev.record("spikes in 100 steps, plain, lr 3e-3", safe["spikes"], key=False)
@@ -138,7 +147,10 @@ def test_attention_logits_grow_at_high_lr(ev, seed):
     # over seeds 100-139 (mean ± sd): final loss lr 3e-3 2.41 ± 0.045, lr 0.1 3.15 ± 0.15, paired gap
     # 0.74 ± 0.15 (min 0.33); largest logit lr 3e-3 5.5 ± 0.6 (max 7.6), lr 0.1 4300 ± 1150 (min 1900);
     # ‖W_Q‖·‖W_K‖ growth lr 3e-3 1.003 ± 0.011 (max 1.04), lr 0.1 29.5 ± 1.5 (min 26.4)
+    # attention entropy (nats, mean over layers, heads, queries 1..): lr 3e-3 1.76 ± 0.023 (min 1.72), lr 0.1
+    # 0.047 ± 0.023 (max 0.13): the high-rate rows are close to one-hot
     assert high["final"] - safe["final"] > 0.15
+    assert high["entropy"] < 0.25 < 1.0 < safe["entropy"]
     assert high["qk_growth"] > 5 * safe["qk_growth"]
     assert high["max_logit"] > 50 * safe["max_logit"]
 # --8<-- [end:test_growth]
@@ -155,6 +167,7 @@ def test_qk_norm_bounds_the_logits_and_recovers_the_loss(ev, seed):
     learning rate's. Would refute 'QK-norm helps' here if its loss stayed with the plain high-lr run."""
     plain, qk, safe = run(seed, "plain", HIGH_LR), run(seed, "qk_norm=layer", HIGH_LR), run(seed, "plain", SAFE_LR)
     ev.record("largest attention logit, qk_norm=layer, lr 0.1", qk["max_logit"], expect="bounded: tens")
+    ev.record("attention entropy (nats), qk_norm=layer, lr 0.1", qk["entropy"], expect="well above the plain run's")
     ev.record("‖W_Q‖·‖W_K‖ after / before training, qk_norm=layer, lr 0.1", qk["qk_growth"], key=False,
               expect="may grow too: the norm makes it irrelevant")
     ev.record("final loss, qk_norm=layer, lr 0.1", qk["final"], expect="as low as the safe lr")
@@ -162,8 +175,10 @@ def test_qk_norm_bounds_the_logits_and_recovers_the_loss(ev, seed):
     ev.record("final loss gap, qk_norm=layer at lr 0.1 − plain at lr 3e-3", qk["final"] - safe["final"], key=False)
     ev.record("spikes in 100 steps, qk_norm=layer, lr 0.1", qk["spikes"], key=False)
     # over seeds 100-139: largest logit 25 ± 2.7 (max 32); loss gap to plain 0.73 ± 0.12 (min 0.39);
-    # qk-norm's loss minus the safe lr's 0.007 ± 0.070 (max 0.24)
+    # qk-norm's loss minus the safe lr's 0.007 ± 0.070 (max 0.24); attention entropy 0.90 ± 0.16 (min 0.59), so
+    # the bound 0.25 is 4 sd below it (and 8.7 sd above the plain high-lr run's mean)
     assert qk["max_logit"] < 100
+    assert qk["entropy"] > 0.25
     assert plain["final"] - qk["final"] > 0.2
     assert qk["final"] - safe["final"] < 0.35
 # --8<-- [end:test_qk]
@@ -209,18 +224,30 @@ def test_z_loss_holds_log_z_not_the_attention_logits(ev, seed):
 def test_clipping_is_active_but_does_not_cure_it(ev, seed):
     """Global-norm clipping at 1.0 rescales the gradient on a minority of the high-lr steps; on the others the
     gradient is below the threshold and clipping does nothing. The attention logits grow as in the plain run and
-    the loss stays with it. Would be confirmed for this instability if the clipped arm recovered the loss like
+    the loss stays with it. At 0.1 every step is clipped, and still nothing changes: Adam divides the rescaled
+    gradient by its own rescaled RMS, so a uniform rescaling hardly moves the step. Would be confirmed for this instability if the clipped arm recovered the loss like
     QK-norm."""
     plain, qk, clip = run(seed, "plain", HIGH_LR), run(seed, "qk_norm=layer", HIGH_LR), run(seed, "clip 1.0", HIGH_LR)
+    hard = run(seed, "clip 0.1", HIGH_LR)
     _plot(ev, seed)
     ev.record("steps whose gradient norm exceeded 1 (clipped), lr 0.1", clip["clipped"], expect="some steps")
     ev.record("final loss gap, clip 1.0 − qk_norm=layer, lr 0.1", clip["final"] - qk["final"], key=False)
     ev.record("final loss, clip 1.0, lr 0.1", clip["final"], expect="as plain")
     ev.record("largest attention logit, clip 1.0, lr 0.1", clip["max_logit"])
     ev.record("spikes in 100 steps, clip 1.0, lr 0.1", clip["spikes"], key=False)
+    ev.record("steps clipped at threshold 0.1, lr 0.1", hard["clipped"], expect="nearly all")
+    ev.record("final loss, clip 0.1, lr 0.1", hard["final"], expect="as plain: Adam undoes a uniform rescaling")
+    ev.record("largest attention logit, clip 0.1, lr 0.1", hard["max_logit"])
+    ev.record("final loss gap, clip 0.1 − qk_norm=layer, lr 0.1", hard["final"] - qk["final"], key=False)
     # over seeds 100-139: clipped share 0.16 ± 0.043 (min 0.08, max 0.26); clip's loss above qk-norm's
     # 0.71 ± 0.13 (min 0.45); largest logit 4200 ± 1300 (min 1660)
     assert 0 < clip["clipped"] < 0.5
     assert clip["final"] - qk["final"] > 0.15
     assert clip["max_logit"] > 20 * qk["max_logit"]
+    # threshold 0.1, seeds 100-139: clipped share 1.0 on every seed; loss above qk-norm's 0.61 ± 0.13 (min 0.35),
+    # bound 0.1 = 3.9 sd below; largest logit 3180 ± 890 (min 1170, skewed upwards) against qk-norm's 25 ± 2.7 (max
+    # 32): the bound 5 × qk-norm's (~125) is 3.4 sd below the mean and 9 times below the smallest value seen
+    assert hard["clipped"] > 0.9
+    assert hard["final"] - qk["final"] > 0.1
+    assert hard["max_logit"] > 5 * qk["max_logit"]
 # --8<-- [end:test_clip]
