@@ -93,3 +93,21 @@ def test_nf4_round_trip_and_bits():
     assert bits_per_parameter() == 4.5 and bits_per_parameter(double=True) == 4 + 8 / 64 + 32 / (64 * 256)
     with pytest.raises(ValueError, match="blocks of 64"):
         nf4_quantise(torch.randn(100))
+
+
+def test_pissa_init_starts_at_the_base_with_ba_nonzero():
+    torch.manual_seed(0)
+    base = torch.nn.Linear(8, 6)
+    w_before = base.weight.detach().clone()
+    layer = LoRALinear(base, r=3, alpha=6.0, init="pissa")
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(layer(x), base(x), rtol=0, atol=1e-5)  # to rounding: W − sBA + sBA
+    assert torch.equal(base.weight, w_before)  # the caller's layer is not modified; the wrapper owns the residual
+    assert torch.linalg.matrix_norm(layer.B @ layer.A) > 0 and layer.A.abs().sum() > 0 and layer.B.abs().sum() > 0
+    U, S, Vh = torch.linalg.svd(w_before, full_matrices=False)
+    torch.testing.assert_close(layer.delta(), (U[:, :3] * S[:3]) @ Vh[:3], rtol=0, atol=1e-5)  # the rank-3 part
+    torch.testing.assert_close(layer.base.weight + layer.delta(), w_before, rtol=0, atol=1e-6)
+    torch.testing.assert_close(layer.merge().weight, w_before, rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.linalg.svdvals(layer.base.weight)[:3], S[3:6], rtol=0, atol=1e-5)  # residual
+    with pytest.raises(ValueError, match="rank"):
+        LoRALinear(base, r=7, alpha=1.0, init="pissa")  # r > min(d_in, d_out) = 6

@@ -2,14 +2,16 @@
 
     y = x Wᵀ + b + (α / r) · x Aᵀ Bᵀ         A: (r, d_in), B: (d_out, r), W and b frozen
 
-One of A, B starts at zero so that the wrapped model starts exactly at the base model (the paper: A random
-Gaussian, B zero; §4.1). After training, W + (α/r)·B A is an ordinary weight of the same shape: `merge()`
-returns a plain nn.Linear, so the adapted model runs the base model's ops, no extra latency.
+The wrapped model starts at the base model when W_frozen + (α/r)·B A = W. The paper keeps W and starts B at
+zero, A random Gaussian (§4.1); PiSSA (Meng et al. 2024) instead starts A, B at W's top-r singular part and
+freezes W − (α/r)·B A (init="pissa"). After training, W_frozen + (α/r)·B A is an ordinary weight of the same
+shape: `merge()` returns a plain nn.Linear, so the adapted model runs the base model's ops, no extra latency.
 Trainable parameters per wrapped matrix: r · (d_in + d_out), against d_in · d_out for full fine-tuning.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -19,8 +21,9 @@ from torch import Tensor
 
 # Which factor starts at zero (the paper: b_zero). "split": neither is zero, yet B A = 0 exactly: A's first
 # ceil(r/2) rows and B's last r - ceil(r/2) columns are random, the rest zero, so every rank-one term
-# B[:, k] A[k, :] has a zero factor (needs r >= 2).
-INITS = ("b_zero", "a_zero", "both_zero", "both_random", "split")
+# B[:, k] A[k, :] has a zero factor (needs r >= 2). "pissa": neither factor nor B A is zero: A, B from the
+# top-r SVD of W, frozen weight W − (α/r)·B A (needs r <= min(d_in, d_out), checked below like every init).
+INITS = ("b_zero", "a_zero", "both_zero", "both_random", "split", "pissa")
 
 
 class LoRALinear(nn.Module):
@@ -38,6 +41,8 @@ class LoRALinear(nn.Module):
             raise ValueError(f"init={init!r}: choose one of {INITS} (the paper's choice is 'b_zero').")
         if init == "split" and r < 2:
             raise ValueError("init='split' puts half of the rank in A and half in B: it needs r >= 2.")
+        if init == "pissa":
+            base = copy.deepcopy(base)  # its weight becomes the residual; the caller's layer is left as it was
         self.base, self.r, self.alpha, self.scaling, self.init = base, r, alpha, alpha / r, init
         for p in base.parameters():
             p.requires_grad_(False)
@@ -52,6 +57,13 @@ class LoRALinear(nn.Module):
             with torch.no_grad():
                 self.A[:h].normal_(std=1 / math.sqrt(d_in))     # rows 0..h-1 of A random, the rest zero
                 self.B[:, h:].normal_(std=1 / math.sqrt(r))     # columns h..r-1 of B random, the rest zero
+        if init == "pissa":
+            with torch.no_grad():
+                U, S, Vh = torch.linalg.svd(base.weight, full_matrices=False)  # (d_out, k), (k,), (k, d_in)
+                root = (S[:r] / self.scaling).sqrt()                         # s·B A = U_r diag(S_r) Vh_r
+                self.B.copy_(U[:, :r] * root)                                   # (d_out, r)
+                self.A.copy_(root[:, None] * Vh[:r])                            # (r, d_in)
+                base.weight.sub_(self.delta())  # frozen residual W − s·B A: the sum still equals W
 
     def delta(self) -> Tensor:
         """(alpha / r) · B A, shape (d_out, d_in): the update to the frozen weight."""

@@ -219,6 +219,8 @@ def quantise_model(model: nn.Module, bits: int = 8, granularity: str = "per_chan
 # 1/2 to 1 - δ) and 7 from the negative half, plus 0. A block of 64 weights shares one absmax constant, as in
 # per_group int4 above: w ≈ absmax · level. Double quantisation stores those fp32 constants in 8 bits, with one
 # fp32 constant per 256 of them.
+# The paper's equation averages adjacent quantiles at i / (2^k + 1); we follow bitsandbytes' create_normal_map
+# instead (its offset 0.9677 = 1 - δ), a code choice not in the paper, checked against bitsandbytes' table.
 NF4_DELTA = 0.5 * (1 / 32 + 1 / 30)  # the outermost probability is 1 - δ (a finite quantile); bitsandbytes' choice
 
 
