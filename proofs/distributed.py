@@ -14,6 +14,9 @@ rank: element_size · numel of the tensor passed in (for all-gather, of this ran
 reduce-scatter, of the full input). That is not the bytes a ring moves: a ring all-reduce sends
 2(N-1)/N of the tensor per rank, reduce-scatter and all-gather (N-1)/N each (`ring_bytes`).
 `sent_bytes()` reads what this process actually wrote (/proc/self/io `wchar`), so the two can be compared.
+gloo's own reduce-scatter writes as much as its all-reduce (measured in proofs/scale/proof_parallel.py), so
+`Comm(reduce_scatter="ring")` swaps in a bandwidth-optimal ring reduce-scatter built from point-to-point
+sends: each rank writes (n-1) chunks of 1/n of the tensor.
 """
 
 from __future__ import annotations
@@ -175,9 +178,14 @@ def sent_bytes() -> int:
 class Comm:
     """The collectives a proof calls, each counting element_size·numel handed to it by this rank, per kind."""
 
-    def __init__(self) -> None:
+    def __init__(self, reduce_scatter: str = "gloo") -> None:
+        if reduce_scatter not in ("gloo", "ring"):
+            raise ValueError(f"reduce_scatter={reduce_scatter!r}: use 'gloo' (the backend's own) or 'ring' "
+                             f"(point-to-point ring, (n-1)/n of the tensor sent per rank).")
         self.handed: collections.Counter[str] = collections.Counter()
         self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.rs = reduce_scatter
 
     def _count(self, kind: str, t: Tensor) -> None:
         self.handed[kind] += t.element_size() * t.numel()
@@ -192,14 +200,34 @@ class Comm:
         if full.numel() % self.world:
             raise ValueError(f"reduce_scatter of {full.numel()} elements over {self.world} ranks: pad to a multiple.")
         self._count("reduce_scatter", full)
+        if self.rs == "ring":
+            return self._ring_reduce_scatter(full)
         out = torch.empty(full.numel() // self.world, dtype=full.dtype)
         dist.reduce_scatter_single(out, full.contiguous())
         return out
 
-    def all_gather(self, shard: Tensor) -> Tensor:
-        """The n ranks' shards concatenated in rank order."""
+    def _ring_reduce_scatter(self, full: Tensor) -> Tensor:
+        """Ring reduce-scatter from point-to-point messages: n-1 rounds; in round s rank r sends its partial sum
+        of chunk (r-s-1) mod n to rank r+1 and adds what rank r-1 sends into chunk (r-s-2) mod n. After the last
+        round chunk r holds the sum over all ranks. Chunk r is summed in the order x_{r+1}, x_{r+2}, ..., x_r."""
+        n, r = self.world, self.rank
+        chunks = full.detach().reshape(n, -1).clone()      # (n, numel/n): this rank's partial sums, by chunk
+        buf = torch.empty(chunks.shape[1], dtype=full.dtype)
+        for s in range(n - 1):
+            req = dist.isend(chunks[(r - s - 1) % n], (r + 1) % n)
+            dist.recv(buf, (r - 1) % n)
+            req.wait()
+            chunks[(r - s - 2) % n] += buf
+        return chunks[r].clone()
+
+    def all_gather(self, shard: Tensor, out: Tensor | None = None) -> Tensor:
+        """The n ranks' shards concatenated in rank order (into `out` if given: n·numel elements, contiguous)."""
         self._count("all_gather", shard)
-        out = torch.empty(shard.numel() * self.world, dtype=shard.dtype)
+        if out is None:
+            out = torch.empty(shard.numel() * self.world, dtype=shard.dtype)
+        elif out.numel() != shard.numel() * self.world or not out.is_contiguous():
+            raise ValueError(f"all_gather into {tuple(out.shape)}: need a contiguous tensor of "
+                             f"{shard.numel() * self.world} elements (shard numel x world size).")
         dist.all_gather_single(out, shard.contiguous())
         return out
 

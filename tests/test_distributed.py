@@ -24,6 +24,20 @@ def _sum_ranks(rank: int, world: int) -> dict:
             "threads": torch.get_num_threads(), "world": dist.get_world_size()}
 
 
+def _reduce_scatters(rank: int, world: int) -> dict:
+    x = torch.arange(world * 4, dtype=torch.float32) * (rank + 1)  # integer-valued: every summation order is exact
+    gloo, ring = Comm(), Comm(reduce_scatter="ring")
+    out = torch.empty(world * 2)
+    gathered = gloo.all_gather(torch.tensor([float(rank)] * 2), out=out)
+    try:
+        Comm(reduce_scatter="tree")
+        bad = ""
+    except ValueError as e:
+        bad = str(e)
+    return {"gloo": gloo.reduce_scatter(x).tolist(), "ring": ring.reduce_scatter(x).tolist(),
+            "ring_handed": dict(ring.handed), "into_out": gathered is out, "gathered": out.tolist(), "bad": bad}
+
+
 def _fail_on_rank_1(rank: int, world: int) -> None:
     if rank == 1:
         raise ValueError("boom from rank 1")
@@ -101,3 +115,16 @@ def test_ring_bytes_formulas():
         run_distributed(_sleep, 2, start_method="fork")
     with pytest.raises(ValueError, match="at least one"):
         run_distributed(_sleep, 0)
+
+
+def test_ring_reduce_scatter_equals_gloo_and_all_gather_into_out():
+    """Exact: the point-to-point ring reduce-scatter gives each rank the same slice of the sum as gloo's (3 ranks,
+    integer-valued floats so the order of the sum cannot matter); all_gather(out=...) fills the given tensor."""
+    n = 3
+    out = run_distributed(_reduce_scatters, n, timeout=60)
+    total = [sum(i * (r + 1) for r in range(n)) for i in range(n * 4)]
+    for rank, r in enumerate(out):
+        assert r["gloo"] == r["ring"] == total[rank * 4:(rank + 1) * 4]
+        assert r["ring_handed"] == {"reduce_scatter": n * 4 * 4}  # counted like gloo's: the full input
+        assert r["into_out"] and r["gathered"] == [float(i) for i in range(n) for _ in range(2)]
+        assert "use 'gloo'" in r["bad"]
