@@ -88,9 +88,27 @@ def _is_current(item, seed: int, prints: dict) -> bool:
     return doc["provenance"]["fingerprint"] == prints[proof_rel]
 
 
+def _prune_orphan_evidence(items) -> None:
+    """Delete evidence (json and figures) of tests their proof file no longer defines: a renamed or deleted test
+    must not leave numbers behind that look current."""
+    modules = {}
+    for it in items:
+        if "proofs" in Path(str(it.fspath)).parts and getattr(it, "module", None) is not None:
+            modules[_proof_rel(it)] = it.module
+    for proof_rel, module in modules.items():
+        defined = {n for n in vars(module) if n.startswith("test_")}
+        folder = E.EVIDENCE_DIR / proof_rel
+        if not folder.is_dir():
+            continue
+        for f in folder.iterdir():
+            if f.name.split(".")[0].split("[")[0] not in defined:
+                f.unlink(missing_ok=True)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         _claims_of(item)  # fail early on a bad marker
+    _prune_orphan_evidence(items)
     if config.getoption("--reuse-evidence"):
         seed, prints = config.getoption("--proof-seed"), {}
         reused = [it for it in items if "proofs" in Path(str(it.fspath)).parts and _is_current(it, seed, prints)]
