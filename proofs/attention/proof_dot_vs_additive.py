@@ -212,7 +212,9 @@ THRESHOLDS_LOGITS = {"unscaled growth": 6, "scaled growth": (0.85, 1.2), "flat":
 # unscaled 0.78 ± 0.07 (min 0.53); additive − scaled 0.02 ± 0.07 (from −0.11 to +0.30). Each threshold is at least
 # 4 sd from its mean. (At learning rate 2e-3 a learning arm was slow on some seeds, and the per-seed differences
 # had tails that no threshold 4 sd from the mean survived: 3e-3 makes both learning arms converge within the budget.)
-THRESHOLDS_TRAIN = {"additive − unscaled dot": 0.5, "scaled dot − unscaled dot": 0.4, "additive − scaled dot": 0.35}
+# A sweep of 20 random seeds (rng 2027) found additive − scaled at 0.375 once: the tail is longer than 4 sd says, so
+# that bound is 0.45, still well below the 0.8 by which both beat the unscaled dot product.
+THRESHOLDS_TRAIN = {"additive − unscaled dot": 0.5, "scaled dot − unscaled dot": 0.4, "additive − scaled dot": 0.45}
 # --8<-- [end:thresholds]
 
 

@@ -226,6 +226,9 @@ def test_one_layer_without_projections_cannot_leave_the_diagonal(ev, seed):
 # them 0.08 ± 0.02 (max 0.15), threshold 0.4 between them; 2 layers − 1 layer without projections 0.118 ± 0.032
 # per seed, so about ± 0.023 for the mean of two seeds (the recorded sweep measures it), threshold 0.02; self
 # weight layer 1 − layer 2 0.46 ± 0.04, threshold 0.2. Every threshold is at least 4 sd from its mean.
-THRESHOLDS = {"mixed norms top": 0.95, "projections help": 0.2, "floor": 0.21, "diagonal": 0.4,
+# A sweep of 20 random seeds (rng 2027) reached 0.211 without projections (1 layer) and a self weight of 0.44: both
+# tails are longer than the sd says, so the floor is 0.3 (still a third of the 0.95 with projections) and the
+# diagonal threshold 0.3 (between the init maximum 0.15 and the trained minimum 0.44).
+THRESHOLDS = {"mixed norms top": 0.95, "projections help": 0.2, "floor": 0.3, "diagonal": 0.3,
               "second layer helps": 0.02, "second layer lets go": 0.2}
 # --8<-- [end:thresholds]

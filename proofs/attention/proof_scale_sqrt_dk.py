@@ -493,11 +493,19 @@ def test_the_lock_depends_on_the_position_code(ev, seed):
     rnd = train_arm(seed, frozen_random_positions=True, attn_scale="none")
     ev.record("reverse accuracy, unscaled, sinusoidal positions", sin["accuracy"], expect="stalls")
     ev.record("reverse accuracy, unscaled, frozen random positions", rnd["accuracy"], expect="learns")
+    # the outcome, averaged over two initialisations (seed, seed + 1): one model's gap has tails on both sides
+    pairs = [(rnd, sin), (train_arm(seed + 1, frozen_random_positions=True, attn_scale="none"),
+                          train_arm(seed + 1, attn_scale="none"))]
+    gap = sum(r["accuracy"] - q["accuracy"] for r, q in pairs) / 2
+    ev.record("reverse accuracy, random − sinusoidal positions, unscaled (mean of 2 initialisations)", gap,
+              expect="> 0: the lock depends on the position code")
     ev.record("attention entropy at init, unscaled, frozen random positions (nats)", rnd["history"]["entropy"][0],
               expect="near one-hot too")
     ev.record("share on the correct key at init, unscaled, frozen random positions", rnd["history"]["correct_share"][0])
-    # over seeds 100-139: accuracy gap 0.6 ± 0.1, entropy at init 0.2 ± 0.05 (max 0.35); margins ≥ 4 sd
-    assert rnd["accuracy"] - sin["accuracy"] > 0.2
+    # over seeds 100-139: accuracy gap 0.6 ± 0.1 for one initialisation, entropy at init 0.2 ± 0.05 (max 0.35); 20
+    # random seeds (rng 2027) had one gap of 0.15 (sinusoidal arm escaped to 0.49, random reached 0.65), so the
+    # bound is on the mean of two initialisations
+    assert gap > 0.2
     assert rnd["history"]["entropy"][0] < 0.8
 
 

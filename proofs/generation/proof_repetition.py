@@ -346,7 +346,8 @@ def test_greedy_and_beam_loop_sampling_does_not_at_a_cost(ev, seed):
     g, b, d = r["greedy"], r["beam search, 4 beams"], r["data (true process)"]
     # THRESHOLDS from seeds 100-139 (40 seeds, 64 continuations of 80 tokens each): loop rate greedy 0.993 +- 0.019
     # (min 0.92), beam 0.971 +- 0.077 (min 0.61); the data and all four sampling arms 0 on every seed.
-    assert g["loop rate"] > 0.8 and b["loop rate"] > 0.4  # 10 and 7 sd below the means
+    # 20 random seeds (rng 2027): one model's greedy loop rate was 0.73, a tail the sd does not show: bound 0.5
+    assert g["loop rate"] > 0.5 and b["loop rate"] > 0.4  # greedy 25 sd, beam 7 sd below the means
     assert d["loop rate"] < 0.1
     for name in ("sampling T = 0.7", "sampling T = 1", "sampling T = 1.5", "top-p = 0.9"):
         assert r[name]["loop rate"] < 0.1
@@ -365,8 +366,8 @@ def test_greedy_and_beam_loop_sampling_does_not_at_a_cost(ev, seed):
 def test_penalties_on_the_trained_model(ev, seed):
     """Greedy + CTRL's penalty at θ = 1.2, 1.5, 2 against a frequency penalty and the no-repeat-3-gram ban. CTRL's
     penalty is paid once per token; by the end most of the 32-token vocabulary is in the context, every candidate is
-    penalised alike, and most loops survive even at θ = 2. The frequency penalty grows with every repeat and leaves no
-    loop. The 3-gram ban leaves none by construction (an exact check of the ban, not a finding). The sign bug on the
+    penalised alike, and loops survive at θ = 1.2 (asserted) and on most models even at θ = 2. The frequency penalty
+    grows with every repeat and leaves no loop. The 3-gram ban leaves none by construction (an exact check of the ban, not a finding). The sign bug on the
     model: on log-probabilities under sampling at T = 1, the right penalty lowers the share of tokens that repeat an
     earlier one, the naive one raises it, and it also raises the share of transitions the true chain forbids (it
     promotes unlikely tokens that happen to be in the context). C-REP-1 would be confirmed without nuance if CTRL's
@@ -400,8 +401,10 @@ def test_penalties_on_the_trained_model(ev, seed):
     # THRESHOLDS from seeds 100-139 (40 seeds): loop rate greedy 0.993 +- 0.019; CTRL penalty theta 1.2 0.84 +- 0.18,
     # 1.5 0.79 +- 0.20, 2 0.78 +- 0.20 (min 0.31); frequency penalty 0.3: 0 on every seed. Vocabulary in the context at
     # the end (theta 1.5): 0.85 +- 0.07 (min 0.65).
-    assert r["greedy + penalty 2"]["loop rate"] > 0.1  # 3.4 sd below the mean: the penalty leaves loops
-    assert r["greedy + frequency penalty 0.3"]["loop rate"] < 0.1 and r["greedy"]["loop rate"] > 0.8
+    # 20 random seeds (rng 2027): on one model θ = 1.5 and 2 broke most loops (0.06, 0.05) while θ = 1.2 left 0.375;
+    # so the loops-survive assert is on CTRL's own θ = 1.2 (0.84 ± 0.18 over seeds 100-139, min 0.31; 4.1 sd)
+    assert r["greedy + penalty 1.2"]["loop rate"] > 0.1  # the penalty at CTRL's value leaves loops
+    assert r["greedy + frequency penalty 0.3"]["loop rate"] < 0.1 and r["greedy"]["loop rate"] > 0.5
     assert r["greedy + penalty 1.5"]["vocabulary seen"] > 0.5  # 4.9 sd below the mean
     # sampling on log-probs: repeat rate naive - none 0.032 +- 0.005 (min 0.017), none - right 0.023 +- 0.004
     # (min 0.014); forbidden transitions naive - none 0.093 +- 0.006 (min 0.079)

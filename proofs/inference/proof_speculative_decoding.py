@@ -280,8 +280,10 @@ def test_greedy_speculative_decoding_returns_the_targets_tokens_with_fewer_calls
     # over seeds 100-139 the trained draft with k=4 needed 0.28 ± 0.07 target passes per token (max 0.49); the
     # untrained draft 0.84 ± 0.21 (it does well only where the target repeats a token it happens to propose), and the
     # missing rollback changed 23 ± 35 tokens (0 on some seeds: a stale entry need not flip a greedy argmax), so
-    # those two arms are recorded, not asserted; tests/test_speculative.py checks the rollback on a fixed case
-    assert r["trained draft, k=4"]["passes_per_token"] < 0.6
+    # those two arms are recorded, not asserted; tests/test_speculative.py checks the rollback on a fixed case.
+    # 20 random seeds (rng 2027): 0.29 ± 0.09, but one seed at 0.625 (a draft that trained poorly): the bound 0.8
+    # (5.6 sd) still says "well under the target alone's 1"
+    assert r["trained draft, k=4"]["passes_per_token"] < 0.8
 # --8<-- [end:test_greedy]
 
 
@@ -349,7 +351,9 @@ def test_accepting_when_the_argmax_agrees_biases_sampling(ev, seed):
               expect="> 0: accepted mass min(p, q) is counted twice")
     # exact identity: min(p,q) + (1 − β)p − p = min(p,q) − βp, zero only when q = p on p's support, i.e. TV(p,q) = 0
     assert (r["resample_p_bias"] > 1e-6) == (r["tv_p_q"] > 1e-6)
-    assert r["tv_exact"]["argmax"] >= r["first_token_bias"] - 1e-9  # a marginal's TV never exceeds the joint's
+    # a marginal's TV never exceeds the joint's (both computed in float32: equal to rounding when the later tokens
+    # add no bias, as on one of 20 random seeds)
+    assert r["tv_exact"]["argmax"] >= r["first_token_bias"] - 1e-6
     # THRESHOLDS: see the seed report
     assert r["tv_exact"]["argmax"] > 1e-4 > 1e5 * r["tv_exact"]["exact"]
 # --8<-- [end:test_folk]
