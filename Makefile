@@ -35,7 +35,8 @@ site: proofs
 	$(VENV)/bin/mkdocs build --strict
 
 serve: setup             ## reruns only proofs whose evidence is missing, failed or stale; serves even if one fails
-	-$(PY) -m pytest proofs -n $(JOBS) --dist loadfile -q --progress --reuse-evidence
+	-@stale="$$($(PY) -m proofs.stale)"; if [ -n "$$stale" ]; then \
+	  $(PY) -m pytest $$stale -n $(JOBS) --dist loadfile -q --progress --reuse-evidence; fi
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 test: setup chromium     ## what CI runs: proofs first (they write the evidence), the PDF, then everything else

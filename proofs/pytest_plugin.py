@@ -283,6 +283,15 @@ class Progress:
         tr = terminalreporter
         counts = {o: sum(1 for d in self.done if d[1] == o) for o in ("passed", "failed", "skipped")}
         reused = getattr(self.config, "_proof_reused", 0)
+        if self.config.getoption("--reuse-evidence") and not reused:  # under xdist the workers deselected them
+            from proofs.stale import test_names
+
+            files = []
+            for arg in self.config.args:
+                path = Path(self.config.invocation_params.dir, arg.split("::")[0])
+                files += [path] if path.is_file() else sorted(path.rglob("proof_*.py"))
+            total = sum(len(test_names(f)) for f in files if f.name.startswith("proof_"))
+            reused = max(0, total - len(self.done))
         per_file: dict[str, float] = {}
         for nodeid, _, sec in self.done:
             per_file[nodeid.split("::")[0]] = per_file.get(nodeid.split("::")[0], 0.0) + sec

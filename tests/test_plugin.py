@@ -22,3 +22,32 @@ def test_orphan_evidence_is_pruned_and_current_evidence_kept(tmp_path):
     left = sorted(p.name for p in folder.iterdir())
     assert left == ["test_dividing_a_negative_logit_by_theta_raises_its_probability.json",
                     "test_penalties_on_the_trained_model.json"]
+
+
+def test_stale_lists_exactly_the_proof_files_without_current_evidence(tmp_path, monkeypatch):
+    """`python -m proofs.stale` (what `make serve` runs first): a proof file is current only when every test in it
+    has passed evidence for this seed and this code; anything else puts the file on the rerun list."""
+    import json
+
+    from proofs import evidence as E
+    from proofs import stale
+
+    monkeypatch.setattr(E, "EVIDENCE_DIR", tmp_path)
+    everything, current = stale.stale_files(seed=0)
+    assert current == 0 and PROOF in everything and len(everything) > 40
+    names = stale.test_names(ROOT / PROOF)
+    assert FAST in names and "test_penalties_on_the_trained_model" in names
+
+    def write(name, **provenance):
+        doc = {"outcome": "passed", "provenance": {"seed": 0, "fingerprint": E.fingerprint(ROOT / PROOF), **provenance}}
+        path = E.evidence_path(PROOF, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc), encoding="utf-8")
+
+    for name in names:
+        write(name)
+    listed, current = stale.stale_files(seed=0)
+    assert PROOF not in listed and current == len(names)
+    assert PROOF in stale.stale_files(seed=7)[0]  # another seed: rerun
+    write(FAST, fingerprint="0" * 16)  # older code: rerun
+    assert PROOF in stale.stale_files(seed=0)[0]
