@@ -79,13 +79,12 @@ def _claims_of(item) -> list[tuple[str, str]]:
 
 def _is_current(item, seed: int, prints: dict) -> bool:
     """True when this test's evidence passed, with this seed, against the current code."""
+    from proofs.stale import is_current
+
     proof_rel = _proof_rel(item)
-    doc = E.load(proof_rel, item.name)
-    if doc is None or doc.get("outcome") != "passed" or doc["provenance"].get("seed") != seed:
-        return False
     if proof_rel not in prints:
         prints[proof_rel] = E.fingerprint(E.ROOT / proof_rel)
-    return doc["provenance"]["fingerprint"] == prints[proof_rel]
+    return is_current(proof_rel, item.name, seed, prints[proof_rel])
 
 
 def _prune_orphan_evidence(items) -> None:

@@ -20,20 +20,21 @@ def test_names(proof: Path) -> list[str]:
     return [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
 
 
+def is_current(proof_rel: str, test_name: str, seed: int, fingerprint: str) -> bool:
+    """True when this test's evidence passed, with this seed, against the code with this fingerprint."""
+    doc = E.load(proof_rel, test_name)
+    return (doc is not None and doc.get("outcome") == "passed" and doc["provenance"].get("seed") == seed
+            and doc["provenance"].get("fingerprint") == fingerprint)
+
+
 def stale_files(seed: int) -> tuple[list[str], int]:
     """(proof files with a test whose evidence is not current, number of tests whose evidence is current)."""
     stale, current = [], 0
     for proof in sorted((E.ROOT / "proofs").rglob("proof_*.py")):
-        rel = proof.relative_to(E.ROOT).as_posix()
-        print_ = E.fingerprint(proof)
-        fresh = 0
-        for name in test_names(proof):
-            doc = E.load(rel, name)
-            ok = (doc is not None and doc.get("outcome") == "passed" and doc["provenance"].get("seed") == seed
-                  and doc["provenance"].get("fingerprint") == print_)
-            fresh += ok
-            if not ok and rel not in stale:
-                stale.append(rel)
+        rel, print_ = proof.relative_to(E.ROOT).as_posix(), E.fingerprint(proof)
+        fresh = sum(is_current(rel, name, seed, print_) for name in test_names(proof))
+        if fresh < len(test_names(proof)):
+            stale.append(rel)
         current += fresh
     return stale, current
 
