@@ -120,14 +120,18 @@ def compare_with_library(vocab: int = 400) -> dict:
 # ## 2. WordPiece: what the library's trainer does
 #
 # Schuster & Nakajima (2012) add the unit that most raises the training likelihood; the Hugging Face course
-# writes it as score = freq(ab) / (freq(a)·freq(b)). The library's WordPieceTrainer is its BpeTrainer with the
-# "##" prefix (tokenizers/src/models/wordpiece/trainer.rs): it merges by raw frequency. Checked by training both,
-# and by running the likelihood score in the same loop to see that it would pick other merges.
+# writes a score freq(ab) / (freq(a)·freq(b)). Under a unigram model, merging a and b changes the log-likelihood by
+# about freq(ab)·log[p(ab) / (p(a)p(b))] (plus terms from the shrinking counts of a, b and of the total): a count
+# times a PMI. The course's ratio keeps only the per-occurrence PMI part, so it favours pairs seen once whose parts
+# never occur apart. The library's WordPieceTrainer is its BpeTrainer with the "##" prefix
+# (tokenizers/src/models/wordpiece/trainer.rs): it merges by raw frequency. Checked by training both, and by
+# running the HF-course ratio score and the count-weighted gain in the same loop to see which merges they pick.
 
 # %%
 # --8<-- [start:wordpiece]
-def train_by_score(word_counts: dict[str, int], n_merges: int) -> list[tuple[str, str]]:
-    """The same loop with WordPiece's score freq(ab) / (freq(a) freq(b)) instead of freq(ab)."""
+def train_by_score(word_counts: dict[str, int], n_merges: int, score: str = "ratio") -> list[tuple[str, str]]:
+    """The same loop with another score instead of freq(ab): "ratio", the HF course's freq(ab) / (freq(a) freq(b));
+    "gain", the count-weighted gain freq(ab)·log[freq(ab)·N / (freq(a) freq(b))], N the number of units."""
     words = Counter({tuple(w): n for w, n in word_counts.items()})
     merges = []
     for _ in range(n_merges):
@@ -139,7 +143,10 @@ def train_by_score(word_counts: dict[str, int], n_merges: int) -> list[tuple[str
                 pairs[p] += n
         if not pairs:
             break
-        a, b = max(sorted(pairs), key=lambda p: pairs[p] / (units[p[0]] * units[p[1]]))
+        n_units = sum(units.values())
+        ratio = {p: pairs[p] / (units[p[0]] * units[p[1]]) for p in pairs}
+        key = ratio if score == "ratio" else {p: pairs[p] * math.log(ratio[p] * n_units) for p in pairs}
+        a, b = max(sorted(pairs), key=lambda p: key[p])
         merges.append((a, b))
         words = Counter({merge_word(w, a, b): n for w, n in words.items()})
     return merges
@@ -152,9 +159,18 @@ def wordpiece_vs_bpe(vocab: int = 400) -> dict:
     bpe_hash.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab, special_tokens=[UNK],
                                                              continuing_subword_prefix="##", show_progress=False))
     freq = train_bpe(words_of(CORPUS), 30)
-    score = train_by_score(words_of(CORPUS), 30)
+    score = train_by_score(words_of(CORPUS), 30, "ratio")
+    gain = train_by_score(words_of(CORPUS), 30, "gain")
     return {"same_vocab": wp == set(bpe_hash.get_vocab()), "wp_size": len(wp), "freq": freq, "score": score,
-            "shared_first_30": len(set(freq) & set(score))}
+            "gain": gain, "shared_first_30": len(set(freq) & set(score)),
+            "gain_shared_with_freq": len(set(freq) & set(gain)), "gain_shared_with_ratio": len(set(score) & set(gain)),
+            "singletons_first_30": {name: sum(1 for m in ms if pair_count(words_of(CORPUS), m) == 1)
+                                    for name, ms in (("freq", freq), ("ratio", score), ("gain", gain))}}
+
+
+def pair_count(word_counts: dict[str, int], pair: tuple[str, str]) -> int:
+    """How often the merged token a+b occurs as a substring in the corpus words (a count of the pair's text)."""
+    return sum(n * w.count(pair[0] + pair[1]) for w, n in word_counts.items())
 # --8<-- [end:wordpiece]
 
 
@@ -261,15 +277,23 @@ def test_bpe_loop_matches_the_library_merge_for_merge(ev):
 @pytest.mark.claim("C-BPE-1", "nuanced")
 def test_the_library_wordpiece_trainer_merges_by_frequency(ev):
     """The library's WordPiece vocabulary is exactly its BPE vocabulary with '##' continuation pieces, so it merges
-    by frequency; the likelihood score freq(ab)/(freq(a)freq(b)) in the same loop picks other merges first. Would be
-    refuted (the folk answer confirmed for the library) if the two vocabularies differed."""
+    by frequency; the HF-course ratio score freq(ab)/(freq(a)freq(b)) in the same loop picks other merges first. Would
+    be refuted (the folk answer confirmed for the library) if the two vocabularies differed. The count-weighted gain
+    freq(ab)·PMI (closer to a unigram likelihood gain) is run beside it: the ratio's early merges being pairs seen once
+    is asserted to be the ratio's doing (the gain picks fewer of them), not what a likelihood criterion must pick."""
     r = wordpiece_vs_bpe()
     ev.record("WordPiece vocabulary == BPE vocabulary with '##' prefix", r["same_vocab"], expect="True")
     ev.record("first five merges by frequency", [" + ".join(m) for m in r["freq"][:5]])
-    ev.record("first five merges by likelihood score", [" + ".join(m) for m in r["score"][:5]])
+    ev.record("first five merges by the HF-course ratio score", [" + ".join(m) for m in r["score"][:5]])
     ev.record("merges shared by the first 30 of each", r["shared_first_30"], expect="< 30")
+    ev.record("first five merges by the count-weighted gain f(ab)·PMI", [" + ".join(m) for m in r["gain"][:5]])
+    ev.record("first 30 merges whose text occurs once in the corpus: frequency / ratio / gain",
+              " / ".join(str(r["singletons_first_30"][k]) for k in ("freq", "ratio", "gain")))
+    ev.record("first 30 merges shared by the gain with frequency / with the ratio",
+              f"{r['gain_shared_with_freq']} / {r['gain_shared_with_ratio']}")
     assert r["same_vocab"]
     assert r["shared_first_30"] < 30 and r["freq"][0] != r["score"][0]
+    assert r["singletons_first_30"]["gain"] < r["singletons_first_30"]["ratio"]
 
 
 @pytest.mark.claim("C-BPE-1", "nuanced")
