@@ -439,9 +439,11 @@ def test_what_stalls_training_at_d_k_64(ev, seed):
     """At d_k = 64 with Adam the unscaled arm stalls while the scaled one learns. What we see inside: the unscaled
     rows start near one-hot on arbitrary keys and stay there, the correct key gets almost none of the logits'
     gradient for at least the first half of the run (on some seeds it starts to win late); yet W_Q, W_K get at least as much gradient as in the scaled arm and
-    Adam moves them by a similar amount. So it is not "the gradient vanishes", it is "none of it points to the
-    right key". Would be "vanishing gradient" instead if W_Q, W_K's gradient or Adam's step were far smaller
-    without the scale; would be refuted if the unscaled arm learned as well as the scaled one."""
+    Adam moves them by an amount of the same order. So it is not "the gradient vanishes", it is "none of it points to
+    the right key". Would be "vanishing gradient" instead if W_Q, W_K's gradient at initialisation were far smaller
+    without the scale (that ratio is the discriminating number); would be refuted if the unscaled arm learned as well
+    as the scaled one. The Adam-step assert is a sanity check only: Adam's step is nearly invariant to the gradient's
+    scale, so it can hardly fail; it checks that the weights do move."""
     arms = {"attn_scale=sqrt_dk": train_arm(seed, attn_scale="sqrt_dk"), "attn_scale=none": train_arm(seed, attn_scale="none")}
     _plot_training(ev, arms)
     s, u = arms["attn_scale=sqrt_dk"], arms["attn_scale=none"]
@@ -480,7 +482,8 @@ def test_what_stalls_training_at_d_k_64(ev, seed):
     assert acc_gap > 0.2 and arg_gap > 0.2
     assert hs["entropy"][0] - hu["entropy"][0] > 0.8
     assert max(hu["correct_share"][1:half + 1]) < 0.01 < hs["correct_share"][-1]
-    assert wqk_ratio > 0.5 and step_ratio > 0.3  # not a vanishing gradient, and Adam keeps moving
+    assert wqk_ratio > 0.5  # the discriminating check: not a vanishing gradient at initialisation
+    assert step_ratio > 0.3  # sanity check only (Adam's step barely depends on the gradient's size): the weights move
 # --8<-- [end:test_stall]
 
 
