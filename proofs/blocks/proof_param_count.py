@@ -132,8 +132,8 @@ def test_gqa_and_a_wide_swiglu_move_the_count_in_opposite_directions(ev, seed):
     L, d = cfg.n_layers, cfg.d_model
     ev.record("Llama 2 70B parameters: total (meta-device count)", c["total"], expect="≈ 68.98B")
     ev.record("12·L·d² + V·d", rule["total"], expect="≈ 64.69B")
-    ev.record("attention per layer / d², with GQA (8 key/value heads of 64)", c["attention"] / (L * d * d),
-              expect="2 + 2/8 = 2.25, not 4")
+    ev.record("attention per layer / d², with GQA (8 key/value heads for 64 query heads)",
+              c["attention"] / (L * d * d), expect="2 + 2/8 = 2.25, not 4")
     ev.record("FFN per layer / d², SwiGLU width 28672", c["ffn"] / (L * d * d), expect="3 × 3.5 = 10.5, not 8")
     ev.record("count − rule, by role: attention / FFN / head / norms", [diff["attention"], diff["ffn"], diff["head"],
                                                                         diff["norms"]])
