@@ -438,7 +438,8 @@ def test_unscaled_softmax_saturates_as_d_k_grows(ev, seed):
 def test_what_stalls_training_at_d_k_64(ev, seed):
     """At d_k = 64 with Adam the unscaled arm stalls while the scaled one learns. What we see inside: the unscaled
     rows start near one-hot on arbitrary keys and stay there, the correct key gets almost none of the logits'
-    gradient for at least the first half of the run (on some seeds it starts to win late); yet W_Q, W_K get at least as much gradient as in the scaled arm and
+    gradient for at least the first half of the run (on some seeds it starts to win late); yet W_Q, W_K get at least as
+    much gradient as in the scaled arm at initialisation (of the same order, somewhat less, averaged over the run) and
     Adam moves them by an amount of the same order. So it is not "the gradient vanishes", it is "none of it points to
     the right key". Would be "vanishing gradient" instead if W_Q, W_K's gradient at initialisation were far smaller
     without the scale (that ratio is the discriminating number); would be refuted if the unscaled arm learned as well
