@@ -183,7 +183,9 @@ def pytest_runtest_makereport(item, call):
     }
     path = E.evidence_path(proof_rel, item.name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False), encoding="utf-8")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # write, then rename: a build reading now sees old or new
+    tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -22,8 +22,39 @@ SCREENSHOTS = ROOT / "build" / "screenshots"  # written by the browser tests, ne
 PDF = ROOT / "build" / "pdf" / "cheat-sheet.pdf"
 
 
+def evidence_not_ready() -> str:
+    """'' when every proof test has passing evidence of its current code; otherwise what is missing, in one line."""
+    from proofs import evidence as E
+    from proofs.stale import test_names
+
+    bad: dict[str, list[str]] = {"missing": [], "failed": [], "stale": []}
+    for proof in sorted((ROOT / "proofs").rglob("proof_*.py")):
+        rel, fp = proof.relative_to(ROOT).as_posix(), E.fingerprint(proof)
+        for name in test_names(proof):
+            doc = E.load(rel, name)
+            kind = ("missing" if doc is None else "stale" if doc["provenance"]["fingerprint"] != fp
+                    else None if doc["outcome"] == "passed" else "failed")
+            if kind:
+                bad[kind].append(f"{rel}::{name}")
+    if not any(bad.values()):
+        return ""
+    counts = ", ".join(f"{len(v)} {k}" for k, v in bad.items() if v)
+    first = next(v[0] for v in bad.values() if v)
+    return (f"The site is built from the proofs' evidence, and {sum(map(len, bad.values()))} proof tests have no "
+            f"current passing evidence ({counts}; first: {first}). Run the proofs first: `make proofs` "
+            f"(`make test` runs them before these tests).")
+
+
 @pytest.fixture(scope="session")
-def site(tmp_path_factory) -> Path:
+def evidence_ready() -> None:
+    """Fails, with one message saying to run the proofs, when a test needs evidence that is not there."""
+    problem = evidence_not_ready()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory, evidence_ready) -> Path:
     """The strict build (after printing the cheat sheet, if `make pdf` has not, so the build links the PDF).
     TEST_SITE_DIR=<a built site> reuses a build instead, to iterate on one browser test."""
     if os.environ.get("TEST_SITE_DIR"):

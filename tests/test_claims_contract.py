@@ -45,7 +45,7 @@ def test_page_names_known_claims_and_existing_proofs(page):
 
 
 @pytest.mark.parametrize("page", sorted(PAGES))
-def test_every_verdict_is_backed_by_a_passing_current_proof(page):
+def test_every_verdict_is_backed_by_a_passing_current_proof(page, evidence_ready):
     meta = PAGES[page]
     for cid, verdict in meta["claims"].items():
         backing = [(p, t) for p in meta["proofs"] for t, c, v in marked_claims(p) if (c, v) == (cid, verdict)]

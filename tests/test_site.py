@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from proofs import evidence as E
 from tests.pages import ROOT, question_pages
 
 
@@ -26,11 +27,11 @@ def test_strict_build_renders_every_question_page(site):
         assert 'class="claims"' in html, f"{page}: no claims table"
 
 
-def test_a_failed_proof_is_shown_loudly_and_only_the_strict_build_fails(tmp_path):
+def test_a_failed_proof_is_shown_loudly_and_only_the_strict_build_fails(tmp_path, evidence_ready):
     """`make serve` must serve the site when a proof fails: the plain build succeeds with a failure card on that
     page, while `mkdocs build --strict` (the CI build) refuses it."""
     evidence = tmp_path / "evidence"
-    shutil.copytree(ROOT / "evidence", evidence)
+    shutil.copytree(E.EVIDENCE_DIR, evidence)
     page, meta = next(iter(question_pages().items()))
     test = re.search(r"<!--\s*evidence:\s*(\w+)\s*-->", (ROOT / "docs" / page).read_text(encoding="utf-8"))[1]
     victim = evidence / meta["proofs"][0] / f"{test}.json"

@@ -107,7 +107,8 @@ def on_files(files: Files, config) -> Files:
     for uri, path in study.notebooks(ROOT, BUILD / "site-extra").items():
         files.append(File.generated(config, uri, abs_src_path=str(path)))
     apkg = BUILD / "site-extra" / "study" / "transformer-proofs.apkg"
-    plain = lambda text, uri: MD_PLAIN_LINK.sub(r"\1", _render_values(text, uri, _pages[uri].get("proofs") or []))  # noqa: E731
+    plain = lambda text, uri: MD_PLAIN_LINK.sub(  # noqa: E731
+        r"\1", _render_values(_evidence_links(text, uri), uri, _pages[uri].get("proofs") or []))
     study.anki_deck(_questions, plain, apkg)
     files.append(File.generated(config, "study/transformer-proofs.apkg", abs_src_path=str(apkg)))
     _built["anki"] = "study/transformer-proofs.apkg"
@@ -281,7 +282,7 @@ AREA_TITLES = {"attention": "Attention", "positions": "Embeddings and positions"
                "relative": "Relative positions and length", "normalisation": "Normalisation and residuals",
                "training": "Training", "cost": "Cost and complexity", "inference": "Attention at inference time",
                "blocks": "The modern block", "scale": "Numbers at scale",
-               "generation": "Generating, tokenising, adapting"}
+               "generation": "Generating, tokenising, adapting", "real": "Against real implementations"}
 
 
 MD_LINK = re.compile(r"\]\((?!https?:|#|/)([^)\s#]+\.md)(#[^)\s]*)?\)")
@@ -320,8 +321,16 @@ def _render_values(markdown: str, where: str, proofs: list[str]) -> str:
     return out
 
 
+def _evidence_links(text: str, from_uri: str) -> str:
+    """Evidence cards stay on their question page: in a copied block each `<!-- evidence: test -->` becomes a
+    link to that card (an unfilled marker would otherwise be left as an HTML comment)."""
+    own = posixpath.basename(from_uri)
+    return EVIDENCE_MARK.sub(lambda m: f"([the measurement, on the page]({own}#evidence-{m['test']}))", text)
+
+
 def _copied(text: str, from_uri: str, page) -> str:
     """A block of question page `from_uri` shown on `page`: its links rewritten, its measured values filled in."""
+    text = _evidence_links(text, from_uri)
     return _render_values(_moved(text, from_uri, page), from_uri, _pages[from_uri].get("proofs") or [])
 
 
