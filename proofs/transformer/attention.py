@@ -138,13 +138,14 @@ class MultiHeadAttention(nn.Module):
         C, nh, hs = cfg.d_model, cfg.n_heads, cfg.d_head
         self.n_heads, self.n_kv, self.d_head = nh, cfg.kv_heads, hs
         kv_width = self.n_kv * hs
+        bias = cfg.bias if cfg.attn_bias is None else cfg.attn_bias
         if cfg.qkv_proj:
-            self.w_q = nn.Linear(C, C, bias=cfg.bias)
-            self.w_k = None if cfg.share_qk else nn.Linear(C, kv_width, bias=cfg.bias)  # share_qk: keys use w_q
-            self.w_v = nn.Linear(C, kv_width, bias=cfg.bias)
+            self.w_q = nn.Linear(C, C, bias=bias)
+            self.w_k = None if cfg.share_qk else nn.Linear(C, kv_width, bias=bias)  # share_qk: keys use w_q
+            self.w_v = nn.Linear(C, kv_width, bias=bias)
         else:  # qkv_proj=False: q = k = v = x
             self.w_q, self.w_k, self.w_v = nn.Identity(), nn.Identity(), nn.Identity()
-        self.w_o = nn.Linear(C, C, bias=cfg.bias)
+        self.w_o = nn.Linear(C, C, bias=bias)
         self.q_norm = make_norm(cfg.qk_norm, hs, cfg.norm_eps)
         self.k_norm = make_norm(cfg.qk_norm, hs, cfg.norm_eps)
         self.drop_attn = nn.Dropout(cfg.dropout_attn)

@@ -77,15 +77,20 @@ class TransformerConfig:
     mem_len: int = 0  # Transformer-XL: previous-segment states cached per layer (0 = no recurrence)
     rope_layout: str = "interleaved"  # RoPE pairs: (0,1),(2,3)... (paper, GPT-J) or (i, i+d/2) "rotate-half" (GPT-NeoX, LLaMA)
     rope_base: float = 10000.0  # RoPE: theta_i = base^(-2i/d_head)
+    rope_dims: int = 0  # RoPE: rotate only the first rope_dims channels of each head, with theta_i = base^(-2i/rope_dims) (GPT-J's rotary_dim); 0 = all d_head
     rope_scaling: str = "none"  # stretch RoPE past its training length: linear (position interpolation), ntk (larger base) or yarn
     rope_factor: float = 1.0  # RoPE scaling: target length / training length
     rope_train_len: int = 64  # RoPE scaling (yarn): the length the model was trained at
     t5_buckets: int = 32  # T5 bias: buckets of offsets (half exact, half log-spaced), one learned scalar per head each
     t5_max_distance: int = 128  # T5 bias: offsets at or beyond this share the last bucket
+    t5_shared_bias: bool = False  # T5 bias: one table per stack, read by every layer (Raffel et al.) instead of one per layer
     learned_pos_std: float = 1.0  # init std of a learned position table (0.02 tables learn far slower)
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) before adding positions
+    emb_norm: bool = False  # a norm (cfg.norm) on token embedding + positions, before dropout (BLOOM's word_embeddings_layernorm, BERT's embedding LayerNorm)
     emb_init: str = "normal_inv_sqrt_d"  # N(0, 1/d_model) as in tensor2tensor, or N(0, 1) as torch.nn.Embedding
     tie_embeddings: str = "all"  # share encoder emb, decoder emb and output projection; or decoder emb+output; or none
+    head_bias: bool = False  # a bias vector on the output projection's logits (GPT-J's lm_head)
+    scale_head: bool = False  # multiply the final hidden state by d_model^-0.5 before the output projection (T5's tied head)
     # --- feed-forward ----------------------------------------------------
     activation: str = "relu"  # non-linearity of the FFN (gelu_tanh: the tanh approximation; silu = swish)
     ffn_gated: bool = False  # GLU family: act(x W1) ⊙ (x V) then W2 (SwiGLU = gated + silu, GEGLU = gated + gelu)
@@ -93,6 +98,7 @@ class TransformerConfig:
     moe_top_k: int = 2  # MoE: experts per token, gates renormalised over the chosen k
     moe_capacity: float = 0.0  # MoE: capacity factor (tokens per expert = factor · tokens · k / E); 0 = unlimited
     bias: bool = True  # biases in the Q/K/V/O projections and the FFN
+    attn_bias: Optional[bool] = None  # biases in the Q/K/V/O projections if they differ from `bias` (GPT-J: none there, the FFN's kept)
     # --- dropout, one probability per site -------------------------------------
     dropout_emb: float = 0.1  # on the sum of embeddings and positional encodings (paper, section 5.4)
     dropout_residual: float = 0.1  # on each sub-layer's output before the residual add (paper, section 5.4)
@@ -112,7 +118,8 @@ class TransformerConfig:
                 raise ConfigError(f"TransformerConfig.{name}={getattr(self, name)} must be a positive integer.")
         for name, what in (("rel_clip", "offsets are clipped to [-k, k]"), ("mem_len", "0 = no segment memory"),
                            ("window", "0 = every earlier key"), ("attn_sinks", "0 = none"), ("kv_latent", "0 = no latent attention"),
-                           ("mla_rope_dim", "0 = no decoupled rotary key"), ("moe_experts", "0 = a dense FFN")):
+                           ("mla_rope_dim", "0 = no decoupled rotary key"), ("moe_experts", "0 = a dense FFN"),
+                           ("rope_dims", "0 = rotate every channel")):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"TransformerConfig.{name}={getattr(self, name)} must be >= 0 ({what}).")
         if self.d_model % self.n_heads:
@@ -204,6 +211,13 @@ class TransformerConfig:
             raise ConfigError(f"rope_base={self.rope_base} must exceed 1 (theta_i = base^(-2i/d)).")
         if self.rope_factor < 1:
             raise ConfigError(f"rope_factor={self.rope_factor} must be >= 1: it is target length / training length.")
+        if self.rope_dims and (self.positions != "rope" or self.kv_latent or self.rope_dims % 2 or self.rope_dims > self.d_head):
+            raise ConfigError(
+                f"rope_dims={self.rope_dims} rotates the first rope_dims channels of each head: it needs positions='rope' "
+                f"without kv_latent, and an even number <= d_head={self.d_head} (0 rotates all of them)."
+            )
+        if self.t5_shared_bias and self.positions != "t5":
+            raise ConfigError("t5_shared_bias=True shares the T5 bias table across layers: set positions='t5'.")
         if self.rope_scaling != "none" and self.positions != "rope" and not (self.kv_latent and self.mla_rope_dim):
             raise ConfigError(f"rope_scaling={self.rope_scaling!r} stretches rotary positions: set positions='rope'.")
         if self.t5_buckets < 4:

@@ -36,6 +36,7 @@ class Embeddings(nn.Module):
             self.pos = nn.Parameter(torch.randn(cfg.max_len, cfg.d_model) * cfg.learned_pos_std)  # (max_len, C)
         elif cfg.positions == "sinusoidal":
             self.register_buffer("pe", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
+        self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.emb_norm else None  # BLOOM, BERT
         self.drop_emb = nn.Dropout(cfg.dropout_emb)
 
     def positions(self, T: int, device=None, start: int = 0, pos: Optional[Tensor] = None) -> Optional[Tensor]:
@@ -71,6 +72,8 @@ class Embeddings(nn.Module):
         pe = self.positions(ids.shape[1], ids.device, start, positions)
         if pe is not None:
             x = x + pe
+        if self.norm is not None:
+            x = self.norm(x)
         return self.drop_emb(x)
 
 
@@ -84,6 +87,14 @@ def deepnorm_constants(n_enc: int, n_dec: int, role: str) -> tuple[float, float]
     return (3 * n_dec) ** 0.25, (12 * n_dec) ** -0.25
 
 
+def share_t5_bias(layers: nn.ModuleList, cfg: TransformerConfig) -> None:
+    """cfg.t5_shared_bias: every layer's self-attention reads the first layer's T5 bias table (one per stack)."""
+    if cfg.t5_shared_bias:
+        for layer in layers[1:]:
+            layer.self_attn.rel_bias = layers[0].self_attn.rel_bias
+            layer.self_attn.keep_init = [layer.self_attn.rel_bias]
+
+
 class Encoder(nn.Module):
     def __init__(self, cfg: TransformerConfig, n_layers: Optional[int] = None, deepnorm_role: str = "single",
                  n_other: int = 0):
@@ -92,6 +103,7 @@ class Encoder(nn.Module):
         n = n_layers or cfg.n_layers
         self.alpha, self.beta = deepnorm_constants(n, n_other, deepnorm_role) if cfg.depth_init == "deepnorm" else (1.0, 1.0)
         self.layers = nn.ModuleList(EncoderLayer(cfg, self.alpha) for _ in range(n))
+        share_t5_bias(self.layers, cfg)
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else nn.Identity()
 
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False) -> Tensor:
@@ -108,6 +120,7 @@ class Decoder(nn.Module):
         consts = deepnorm_constants(cfg.n_layers, n, "decoder") if cross else deepnorm_constants(n, 0, "single")
         self.alpha, self.beta = consts if cfg.depth_init == "deepnorm" else (1.0, 1.0)
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross, self.alpha) for _ in range(n))
+        share_t5_bias(self.layers, cfg)
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else nn.Identity()
 
     def forward(self, x, memory=None, tgt_padding_mask=None, memory_padding_mask=None, mems=None, cache=None,
@@ -180,17 +193,21 @@ class Decoder(nn.Module):
 
 
 class Head(nn.Module):
-    """Pre-softmax projection: logits = h E^T (tied to an embedding) or an independent linear map."""
+    """Pre-softmax projection: logits = h E^T (tied to an embedding) or an independent linear map; with
+    cfg.scale_head h is first multiplied by d_model^-0.5 (T5), with cfg.head_bias a bias is added (GPT-J)."""
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, tied_to: Optional[nn.Embedding]):
         super().__init__()
         self.tied_to = tied_to
         self.proj = None if tied_to is not None else nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if cfg.head_bias else None  # (V,)
+        self.h_scale = cfg.d_model**-0.5 if cfg.scale_head else 1.0
 
     def forward(self, h: Tensor) -> Tensor:
-        if self.tied_to is not None:
-            return h @ self.tied_to.weight.t()  # (B, T, V)
-        return self.proj(h)
+        if self.h_scale != 1.0:
+            h = h * self.h_scale
+        logits = h @ self.tied_to.weight.t() if self.tied_to is not None else self.proj(h)  # (B, T, V)
+        return logits if self.bias is None else logits + self.bias
 
 
 # --8<-- [start:init]

@@ -192,15 +192,18 @@ class RotaryAttention(MultiHeadAttention):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__(cfg)
-        freq = rope_inv_freq(self.d_head, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor, cfg.rope_train_len)
-        self.register_buffer("inv_freq", freq, persistent=False)  # (hs/2,) float64
+        self.rope_dims = cfg.rope_dims or self.d_head  # the first rope_dims channels turn, the rest pass unchanged
+        freq = rope_inv_freq(self.rope_dims, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor, cfg.rope_train_len)
+        self.register_buffer("inv_freq", freq, persistent=False)  # (rope_dims/2,) float64
         self.rope_gain = rope_attention_factor(cfg.rope_scaling, cfg.rope_factor)  # YaRN's temperature, on q and k
 
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
         """x (B, h, T, d) at positions pos (B|1, T) -> rotated x."""
-        cos, sin = rope_cos_sin(pos, self.inv_freq, x.dtype)  # (B|1, 1, T, d/2)
-        y = apply_rope(x, cos, sin, self.cfg.rope_layout)
-        return y if self.rope_gain == 1.0 else y * self.rope_gain
+        cos, sin = rope_cos_sin(pos, self.inv_freq, x.dtype)  # (B|1, 1, T, rope_dims/2)
+        r = self.rope_dims
+        y = apply_rope(x[..., :r], cos, sin, self.cfg.rope_layout)
+        y = y if self.rope_gain == 1.0 else y * self.rope_gain
+        return y if r == x.shape[-1] else torch.cat([y, x[..., r:]], dim=-1)  # partial rotary: the rest unrotated
 
     def place(self, q: Tensor, kv: tuple[Tensor, ...], q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, tuple]:
         k, v = kv
