@@ -338,8 +338,10 @@ def _plot_losses(ev, with_bos: dict, without: dict):
 def test_evicting_the_first_token_costs_loss_and_sinks_take_it_back(ev, seed):
     """With a window of 8, evicting position 0 raises the loss of the BOS-trained LM, and keeping the first 4 positions
     as sinks (StreamingLLM's choice) takes back most of that rise. Would be refuted by no loss from evicting BOS, or by
-    sinks that recover less than 40 % of it. The model trained without a fixed first token is recorded beside it: its
-    eviction cost is about five times smaller on average, but not on every seed, so that comparison is not asserted."""
+    sinks that recover less than 40 % of it, pooled over two BOS-trained models (this seed's and the next: one
+    model's ratio of two small losses is too skewed to bound alone). The model trained without a fixed first token is
+    recorded beside it: its eviction cost is about five times smaller on average, but not on every seed, so that
+    comparison is not asserted."""
     with_bos = sink_measurements(seed, bos=True)
     without = sink_measurements(seed, bos=False)
     lb, ln = with_bos["loss"], without["loss"]
@@ -357,10 +359,18 @@ def test_evicting_the_first_token_costs_loss_and_sinks_take_it_back(ev, seed):
         ev.record(f"loss past the training length (positions 32..127), {name}, BOS-trained", lb[name][1], key=False)
     _plot_losses(ev, lb, ln)
     kept4 = lb["window + 4 sinks"][0] - lb["full"][0]
-    ev.record("loss increase with 4 sinks kept, as a fraction of the eviction cost", kept4 / cost, expect="< 0.6")
-    # Over seeds 100-139 (40 models): cost 0.039 ± 0.023 (min 0.007); with 4 sinks kept, kept4 / cost is
-    # 0.10 ± 0.12 (max 0.57), so the bound 0.6 is 4.3 sd above the mean. One sink alone (kept / cost 0.19 ± 0.20,
-    # max 1.17) and the cost without BOS (0.0070 ± 0.0036) vary too much per model to assert: they are recorded.
+    ev.record("loss increase with 4 sinks kept, as a fraction of the eviction cost", kept4 / cost,
+              expect="small; asserted pooled over two models")
+    second = sink_measurements(seed + 1, bos=True)["loss"]  # the next seed's BOS-trained model
+    cost2, kept4_2 = (second[n][0] - second["full"][0] for n in ("window", "window + 4 sinks"))
+    pooled = (kept4 + kept4_2) / (cost + cost2)
+    ev.record("loss increase with 4 sinks kept / eviction cost, pooled over two BOS-trained models (seed, seed + 1)",
+              pooled, expect="< 0.6")
+    # One model, seeds 100-139 (40 models): cost 0.039 ± 0.023 (min 0.007); kept4 / cost 0.10 ± 0.12 (max 0.57),
+    # skewed: a small cost makes the ratio jump, so one model's ratio came within 0.03 of the bound 0.6. Pooled over
+    # two models (seed, seed + 1), seeds 100-139: 0.086 ± 0.064, min −0.013, max 0.22, so 0.6 is 8 sd above the
+    # mean and 0.38 above the largest seen. One sink alone (kept / cost 0.19 ± 0.20, max 1.17)
+    # and the cost without BOS (0.0070 ± 0.0036) vary too much per model to assert: they are recorded.
     # Cost with BOS minus without: 0.032 ± 0.022, min −0.0013 (one seed of 40 below 0), so no per-seed "only if".
-    assert cost > 0 and kept4 < 0.6 * cost
+    assert cost > 0 and cost2 > 0 and pooled < 0.6
 # --8<-- [end:test_sink_window]
