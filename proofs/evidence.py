@@ -31,16 +31,33 @@ SHARED_PACKAGES = ("transformer",)  # every file of proofs/transformer/
 VERDICTS = ("confirmed", "nuanced", "refuted")
 
 
-IMPORTED_PROOF = re.compile(r"^from proofs\.([\w.]+) import", re.M)
+IMPORTED = re.compile(r"^\s*from proofs\.([\w.]+) import", re.M)
+
+
+def _module_file(module: str) -> Path | None:
+    base = ROOT / "proofs" / module.replace(".", "/")
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def imported_modules(proof_file: Path | str) -> list[Path]:
+    """The project modules a proof file imports from (`from proofs.x import ...`), followed through the modules
+    they import in turn: a proof's shared set-up (e.g. proofs/warmup_runs.py) is part of its code."""
+    seen: set[Path] = set()
+    todo = [Path(proof_file).resolve()]
+    while todo:
+        for m in IMPORTED.findall(todo.pop().read_text(encoding="utf-8")):
+            p = _module_file(m)
+            if p is not None and p.resolve() not in seen and p.resolve() != Path(proof_file).resolve():
+                seen.add(p.resolve())
+                todo.append(p.resolve())
+    return sorted(seen)
 
 
 def fingerprint(proof_file: Path | str) -> str:
-    """sha256 over the proof file, the other proof files it imports from, and the shared library."""
+    """sha256 over the proof file, the project modules it imports from, and the shared library."""
     h = hashlib.sha256()
     own = Path(proof_file)
-    imported = sorted({ROOT / "proofs" / (m.replace(".", "/") + ".py") for m in IMPORTED_PROOF.findall(own.read_text())})
-    imported = [p for p in imported if p.name.startswith("proof_") and p.resolve() != own.resolve()]
-    paths = [own, *imported] + [ROOT / "proofs" / name for name in SHARED_FILES]
+    paths = [own, *imported_modules(own)] + [ROOT / "proofs" / name for name in SHARED_FILES]
     paths += sorted(p for pkg in SHARED_PACKAGES for p in (ROOT / "proofs" / pkg).glob("*.py"))
     for p in paths:
         h.update(p.relative_to(ROOT).as_posix().encode() if p.is_relative_to(ROOT) else p.name.encode())

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from proofs.layer_activations import PAPER_LAYER, layer_config, saved_activations
 from proofs.transformer import (DecoderLM, EncoderDecoder, EncoderLayer, EncoderTagger, FeedForward,
                                 MultiHeadAttention, TransformerConfig)
 
@@ -45,12 +46,6 @@ SHAPES = [(1, 16, 32), (2, 32, 64), (4, 64, 128), (2, 256, 64), (1, 128, 256)]  
 
 # %%
 # --8<-- [start:params]
-def layer_config(H: int, **switches) -> TransformerConfig:
-    """The shared model at width H, with d_ff = 4H (the paper's ratio) unless a switch says otherwise."""
-    base = dict(d_model=H, n_heads=4, d_ff=4 * H, dropout_residual=0.0)
-    return TransformerConfig(**{**base, **switches})
-
-
 def n_params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -318,32 +313,7 @@ def dispatch_counts(n: int, d: int = 32, train: bool = False) -> dict:
 # setting is ours (float32, ReLU, no attention dropout, Post-LN).
 
 # %%
-# --8<-- [start:activations]
-PAPER_LAYER = dict(activation="gelu", dropout_attn=0.1, dropout_residual=0.1, norm_position="pre")
-
-
-def saved_activations(b: int, s: int, h: int, a: int, dtype=torch.float32, **switches) -> dict:
-    """Bytes autograd keeps for backward in one training-mode EncoderLayer, by distinct storage (weights excluded),
-    and the bytes of LayerNorm's per-token statistics (tensors of shape (b, s, 1)) among them."""
-    torch.manual_seed(0)
-    layer = EncoderLayer(layer_config(h, n_heads=a, attn_impl=switches.pop("attn_impl", "explicit"),
-                                      **switches)).to(dtype).train()
-    weights = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    kept: dict[int, tuple[int, tuple]] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        st = t.untyped_storage()
-        if st.data_ptr() not in weights:
-            kept[st.data_ptr()] = (st.nbytes(), tuple(t.shape))
-        return t
-
-    x = torch.randn(b, s, h, dtype=dtype, requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x)
-    return {"bytes": sum(n for n, _ in kept.values()),
-            "norm statistics": sum(n for n, shape in kept.values() if shape == (b, s, 1)),
-            "largest": max(n for n, _ in kept.values()), "shapes": sorted({shape for _, shape in kept.values()})}
-# --8<-- [end:activations]
+# The activation count lives in proofs/layer_activations.py (the training-memory proof counts the same layer).
 
 
 def wall_seconds(n: int = 256, d: int = 64, repeats: int = 5) -> dict:

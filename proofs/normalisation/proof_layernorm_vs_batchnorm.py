@@ -22,7 +22,7 @@ import torch
 
 import functools
 
-from proofs.normalisation.proof_pre_post_ln import HIGH_LR, RUN, warmup_run
+from proofs.warmup_runs import HIGH_LR, RUN, warmup_run
 from proofs.tasks import padded_batch, reverse_task
 from proofs.train import token_loss
 from proofs.transformer import DecoderLM, EncoderTagger, TransformerConfig

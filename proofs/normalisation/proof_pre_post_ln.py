@@ -26,19 +26,13 @@ import math
 import pytest
 import torch
 
-from proofs.tasks import lookup_task, random_tokens
-from proofs.train import accuracy, fixed_batches, noam_schedule, token_loss, train
-from proofs.transformer import EncoderTagger, TransformerConfig
+from proofs.tasks import random_tokens
+from proofs.train import token_loss
+from proofs.transformer import EncoderTagger
+from proofs.warmup_runs import HIGH_LR, LOW_LR, RUN, V, arm, tiny
 
 DEPTHS = [2, 4, 8, 16, 32]  # encoder layers swept at initialisation
 FIT_FROM = 4  # the depth exponent is fitted over L >= 4 (at L = 2 Post-LN's gradient is still growing)
-V = 16  # vocabulary: token 0 is padding, 1..15 are real tokens
-
-
-def tiny(n_layers: int, **switches) -> TransformerConfig:
-    return TransformerConfig(vocab_size=V, d_model=32, n_heads=4, d_ff=64, n_layers=n_layers,
-                             dropout_emb=0.0, dropout_residual=0.0).replace(**switches)
-
 
 # %% [markdown]
 # ## 1. Gradients at initialisation (Xiong et al. 2020, Theorem 1)
@@ -112,39 +106,8 @@ def ffn_gradients(seed: int, n_layers: int, inits: int = 3, **switches) -> list[
 # schedule is the paper's (§5.3: linear warm-up, then 1/√step decay, peak at
 # step = warmup), scaled so that its peak is `peak_lr`. "Without warm-up" is the
 # same schedule with the ramp replaced by its peak: the two arms differ only in
-# the first `warmup` steps. `warmup_run`'s defaults (4 layers, 80 steps) are those other
-# proofs import; the tests below use the settings in `RUN`.
-
-# %%
-# --8<-- [start:warmup]
-def schedule(warmup: int, ramp: bool, d_model: int = 32):
-    """Noam schedule divided by its peak (so lr=peak_lr sets the peak); ramp=False holds the peak from step 0."""
-    noam, peak = noam_schedule(d_model, warmup), d_model**-0.5 * warmup**-0.5
-    return lambda step: noam(step if ramp else max(step, warmup - 1)) / peak
-
-
-def warmup_run(seed: int, ramp: bool, peak_lr: float = 2e-2, warmup: int = 20, steps: int = 80,
-               n_layers: int = 4, **switches) -> dict:
-    torch.manual_seed(seed)
-    model = EncoderTagger(tiny(n_layers, **switches))
-    batches = fixed_batches(lookup_task, 1000 + seed, batch=16, length=8, vocab=V)
-    log = train(model, batches, steps, lr=peak_lr, schedule=schedule(warmup, ramp))
-    x, y = lookup_task(torch.Generator().manual_seed(10_000 + seed), 256, 8, V)
-    return {"accuracy": accuracy(model, x, y), "final_loss": log.final(), "loss": log.loss, "diverged": log.diverged}
-# --8<-- [end:warmup]
-
-
-# --8<-- [start:arms]
-# The tests' settings, pushed so that the effect shows in a run of seconds (the page names them and says why):
-RUN = dict(n_layers=3, steps=50, warmup=20)  # 3 layers, 50 Adam steps, of which 20 are the ramp when there is one
-HIGH_LR, LOW_LR = 3e-2, 7.5e-3  # peak learning rates: 30x the trainer's default 1e-3, and a quarter of that
-
-
-@functools.cache
-def arm(seed: int, position: str, ramp: bool, peak_lr: float, norm: str = "layer") -> dict:
-    """One training run of warmup_run at RUN's settings (cached: each arm trains once per seed)."""
-    return warmup_run(seed, ramp, peak_lr=peak_lr, norm_position=position, norm=norm, **RUN)
-# --8<-- [end:arms]
+# the first `warmup` steps. The set-up lives in `proofs/warmup_runs.py` (other proofs train the
+# same lookup stacks): `warmup_run`'s defaults are 4 layers, 80 steps; the tests below use `RUN`.
 
 
 # %%

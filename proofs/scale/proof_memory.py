@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from proofs.cost.proof_layer_cost import PAPER_LAYER, layer_config, saved_activations
+from proofs.layer_activations import PAPER_LAYER, layer_config, saved_activations
 from proofs.train import token_loss
 from proofs.transformer import DecoderLM, EncoderLayer, TransformerConfig
 
