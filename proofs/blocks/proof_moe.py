@@ -102,10 +102,13 @@ def mixtral_arithmetic(d=4096, L=32, heads=32, kv=8, ff=14336, E=8, k=2, V=32000
 
 
 def lm_cfg(**switches) -> TransformerConfig:
-    """A LLaMA-style configuration of the shared model (pre-RMSNorm, SwiGLU, RoPE, no biases, untied head)."""
-    return TransformerConfig(**{**dict(norm="rms", norm_position="pre", ffn_gated=True, activation="silu", bias=False,
-                                       tie_embeddings="none", positions="rope", dropout_emb=0.0,
-                                       dropout_residual=0.0, max_len=4096), **switches})
+    """LLaMA's configuration of the shared model: pre-RMSNorm (eps 1e-6), SwiGLU, rotate-half RoPE, no biases, an
+    untied head, embeddings not scaled by √d (held against transformers' LLaMA in proofs/real/proof_llama_family.py).
+    Llama 2 and Mixtral use eps 1e-5; no parameter count depends on it."""
+    return TransformerConfig(**{**dict(norm="rms", norm_position="pre", norm_eps=1e-6, ffn_gated=True,
+                                       activation="silu", bias=False, tie_embeddings="none", scale_embeddings=False,
+                                       positions="rope", rope_layout="half", dropout_emb=0.0, dropout_residual=0.0,
+                                       max_len=4096), **switches})
 
 
 def meta_counts(cfg: TransformerConfig) -> dict:
