@@ -24,8 +24,9 @@ import math
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from proofs.blocks.proof_rmsnorm import D, block_cfg, lm_run, markov2_task
+from proofs.block_lm import D, block_cfg, lm_run, markov2_task
 from proofs.transformer import DecoderLM, FeedForward, MoEFeedForward, TransformerConfig
+from proofs.transformer.presets import llama_config
 
 
 # %% [markdown]
@@ -99,16 +100,6 @@ def mixtral_arithmetic(d=4096, L=32, heads=32, kv=8, ff=14336, E=8, k=2, V=32000
     shared = L * per_layer_shared + 2 * V * d + d  # + embedding, untied head, final norm
     return {"total": shared + L * E * expert, "active": shared + L * k * expert, "expert": expert,
             "dense_equivalent": shared - L * d * E + L * expert}  # the same model with one FFN (Mistral 7B)
-
-
-def lm_cfg(**switches) -> TransformerConfig:
-    """LLaMA's configuration of the shared model: pre-RMSNorm (eps 1e-6), SwiGLU, rotate-half RoPE, no biases, an
-    untied head, embeddings not scaled by √d (held against transformers' LLaMA in proofs/real/proof_llama_family.py).
-    Llama 2 and Mixtral use eps 1e-5; no parameter count depends on it."""
-    return TransformerConfig(**{**dict(norm="rms", norm_position="pre", norm_eps=1e-6, ffn_gated=True,
-                                       activation="silu", bias=False, tie_embeddings="none", scale_embeddings=False,
-                                       positions="rope", rope_layout="half", dropout_emb=0.0, dropout_residual=0.0,
-                                       max_len=4096), **switches})
 
 
 def meta_counts(cfg: TransformerConfig) -> dict:
@@ -208,7 +199,7 @@ def bound_cases(E: int = 8) -> dict:
 # %%
 if __name__ == "__main__":
     print(one_expert_gap(0), moe_costs())
-    print(mixtral_arithmetic(), meta_counts(lm_cfg(**MIXTRAL)))
+    print(mixtral_arithmetic(), meta_counts(llama_config(**MIXTRAL)))
     print(bound_cases())
     for alpha in (0.0, ALPHA, 10 * ALPHA):
         print(alpha, [round(layer["entropy"], 2) for layer in load(moe_run(0, alpha)["model"], 0)])
@@ -258,8 +249,8 @@ def test_mixtral_has_about_47b_parameters_and_13b_active(ev, seed):
     """Mixtral's published configuration, counted by arithmetic and on the meta device: about 46.7B parameters in
     all and 12.9B used per token, not 8 × 7B = 56B. Exact counts of a configuration; would be refuted if the two
     counts disagreed or the total were near 56B."""
-    a, m = mixtral_arithmetic(), meta_counts(lm_cfg(**MIXTRAL))
-    dense = meta_counts(lm_cfg(**{**MIXTRAL, "moe_experts": 0}))["total"]  # the same model with one FFN per layer
+    a, m = mixtral_arithmetic(), meta_counts(llama_config(**MIXTRAL))
+    dense = meta_counts(llama_config(**{**MIXTRAL, "moe_experts": 0}))["total"]  # the same model with one FFN per layer
     ev.record("Mixtral 8×7B, total parameters (meta-device count)", m["total"], expect="≈ 46.7B (paper: 47B)")
     ev.record("Mixtral 8×7B, active parameters per token (meta-device count)", m["active"],
               expect="≈ 12.9B (paper: 13B)")

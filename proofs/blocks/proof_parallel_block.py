@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from proofs.blocks.proof_rmsnorm import D, SWIGLU_REFERENCE, block_cfg, loss_floor, paired
+from proofs.block_lm import D, SWIGLU_REFERENCE, block_cfg, loss_floor, paired
 from proofs.transformer import DecoderLM
 
 PARALLEL = dict(parallel_block=True)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from proofs.blocks.proof_moe import lm_cfg
 from proofs.transformer import DecoderLM, TransformerConfig
+from proofs.transformer.presets import llama_config
 
 # %% [markdown]
 # ## 1. The configurations
@@ -82,7 +82,7 @@ def differences(got: dict, rule: dict) -> dict:
 # %%
 if __name__ == "__main__":
     for cfg in (LLAMA_7B, LLAMA2_70B):
-        c = lm_cfg(**cfg)
+        c = llama_config(**cfg)
         print(count_by_role(c), rule_of_thumb(c)["total"], differences(count_by_role(c), rule_of_thumb(c)))
 
 
@@ -100,7 +100,7 @@ def test_llama_7b_has_6_74b_parameters_and_where_12ld2_misses(ev, seed):
     term-by-term formula L·(4d² + 3·d·d_ff + 2d) + 2·V·d + d. 12·L·d² + V·d is 2.4% low, mostly because the head is
     not tied to the embedding; the SwiGLU width adds only its rounding (11008 vs 8/3·d), and this model has no GQA
     (32 key/value heads). Would be refuted if the count differed from the formula or the misses were elsewhere."""
-    cfg = lm_cfg(**LLAMA_7B)
+    cfg = llama_config(**LLAMA_7B)
     c, rule = count_by_role(cfg), rule_of_thumb(cfg)
     diff = differences(c, rule)
     L, d, V, ff = cfg.n_layers, cfg.d_model, cfg.vocab_size, cfg.d_ff
@@ -126,7 +126,7 @@ def test_gqa_and_a_wide_swiglu_move_the_count_in_opposite_directions(ev, seed):
     """Llama 2 70B on the meta device: GQA (8 of 64 heads for keys and values) removes 1.75·d² per layer from the
     attention, the SwiGLU width 28672 (3.5·d) adds 2.5·d² to the FFN; the model has 68.98B parameters where
     12·L·d² + V·d gives 64.69B. Would be refuted if the attention term were not below 4d² per layer."""
-    cfg = lm_cfg(**LLAMA2_70B)
+    cfg = llama_config(**LLAMA2_70B)
     c, rule = count_by_role(cfg), rule_of_thumb(cfg)
     diff = differences(c, rule)
     L, d = cfg.n_layers, cfg.d_model
