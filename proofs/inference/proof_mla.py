@@ -214,12 +214,76 @@ def decode_step_flops(absorb: bool, cached: int) -> int:
     return fc.get_total_flops()
 
 
+# %% [markdown]
+# ## 5. The decoupled rotary key really turns
+#
+# Sections 1-4 would stay exact if the rotary key were cached unrotated: absorbed, materialised and cached
+# paths all share `place`. So the scores of `LatentAttention` are checked against the geometry itself: the same
+# when query and key positions shift together, different when only the key moves, and equal to a score built by
+# hand, (q_h·k_h + (R_i q^R_h)·(R_j k^R)) / √(d_h + d_r), with R from `torch.polar` at θ_i = 10000^(−2i/d_r)
+# (not from `apply_rope`). The decode cache's rotary entries must be the rotary keys turned at their positions.
+
+# %%
+# --8<-- [start:decoupled]
+def rotate_by_hand(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """(..., T, d) float64, positions (T,): pairs (2i, 2i+1) read as complex numbers, times e^{i·pos·θ_i}."""
+    d = x.shape[-1]
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    turn = torch.polar(torch.ones(len(pos), d // 2, dtype=torch.float64), pos.double()[:, None] * theta)  # (T, d/2)
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(z * turn).flatten(-2)
+
+
+@torch.no_grad()
+def decoupled_rotary_checks(seed: int, T: int = 9) -> dict:
+    torch.manual_seed(seed)
+    mla = LatentAttention(mla_cfg(**ROPE)).double().eval()
+    x = torch.randn(2, T, C, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    q, kv = mla.project_q(x), mla.project_kv(x)
+    pos = torch.arange(T)[None]
+
+    def scores(q_pos, k_pos):  # the module's own pieces: place, keys_values, score
+        q_placed, kv_placed = mla.place(q, kv, q_pos, k_pos)
+        return mla.score(q_placed, mla.keys_values(kv_placed)[0])
+
+    s0 = scores(pos, pos)
+    out = {"shift both by %d" % d: (scores(pos + d, pos + d) - s0).abs().max().item() for d in (1, 37, 1000)}
+    out["shift the key only by 5"] = (scores(pos, pos + 5) - s0).abs().max().item()
+    # by hand, from the weights: q_h = W_Q,h x + b, q^R_h = W_QR,h x, k_h = W_UK,h W_DKV x, k^R = W_KR x
+    q_c = (x @ mla.w_q.weight.T + mla.w_q.bias).view(2, T, NH, HS).transpose(1, 2)
+    q_r = (x @ mla.w_qr.weight.T).view(2, T, NH, D_R).transpose(1, 2)
+    k_c = (x @ mla.w_dkv.weight.T @ mla.w_uk.weight.T).view(2, T, NH, HS).transpose(1, 2)
+    k_r = (x @ mla.w_kr.weight.T)[:, None]  # (B, 1, T, d_r): one rotary key for all heads
+    at = torch.arange(T)
+    hand = (q_c @ k_c.transpose(-2, -1) + rotate_by_hand(q_r, at) @ rotate_by_hand(k_r, at).transpose(-2, -1))
+    hand = hand / (HS + D_R) ** 0.5
+    out["module vs hand-built score"] = (s0 - hand).abs().max().item()
+    out["score scale"] = s0.abs().max().item()
+    # the decode cache: rotary entries against W_KR h turned at their own positions (h = layer 0's input)
+    lm = DecoderLM(mla_cfg(**ROPE)).double().eval()
+    ids = torch.randint(1, VOCAB, (2, T), generator=torch.Generator().manual_seed(seed))
+    seen = []
+    handle = lm.decoder.layers[0].self_attn.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    cache = lm.decoder.new_cache()
+    lm(ids[:, :4], cache=cache)
+    for t in range(4, T):
+        lm(ids[:, t:t + 1], cache=cache)
+    handle.remove()
+    k_r_raw = lm.decoder.layers[0].self_attn.w_kr(torch.cat(seen, 1))[:, None]  # (B, 1, T, d_r)
+    cached = cache[0]["self"].entries[1]
+    out["cached rotary key vs W_KR h rotated at its position"] = (cached - rotate_by_hand(k_r_raw, at)).abs().max().item()
+    out["cached rotary key vs W_KR h unrotated"] = (cached - k_r_raw).abs().max().item()
+    return out
+# --8<-- [end:decoupled]
+
+
 # %%
 if __name__ == "__main__":
     print(absorption_gaps(0), cached_absorbed_vs_full(0))
     print({name: elements_per_token(s) for name, s in ARMS.items()})
     print(best_single_matrix(0, False), best_single_matrix(0, True), offset_matrices(0))
     print(decode_step_flops(False, 32), decode_step_flops(True, 32))
+    print(decoupled_rotary_checks(0))
 
 
 # %% [markdown]
@@ -324,3 +388,34 @@ def test_absorption_skips_the_per_token_up_projection(ev, seed):
     ridge = 989e12 / 3.35e12  # H100 SXM dense bf16 peak / HBM bandwidth, the datasheet figures of prefill-decode.md
     ev.record("H100 SXM ridge, FLOPs per byte (datasheet arithmetic)", ridge, expect="≈ 295")
     assert flops == 278528 and read == 1152  # arithmetic, checked against the formula in the comment
+
+
+# --8<-- [start:test_decoupled]
+@pytest.mark.claim("C-MLA-1", "confirmed")
+def test_decoupled_rotary_key_turns_with_position(ev, seed):
+    """What the built MLA computes with the decoupled rotary key (float64): its scores are unchanged when query and key
+    positions shift together by 1, 37 or 1000, change when only the key moves by 5, and equal a score built by hand
+    from the weights with rotations from torch.polar; the decode cache holds the rotary keys turned at their own
+    positions. This pins down that both q^R and the cached k^R are rotated (the absorbed-equals-materialised identity
+    would survive an unrotated key). Would be refuted by a shift gap or hand gap above float64 rounding, or an
+    unchanged score when only the key moves."""
+    r = decoupled_rotary_checks(seed)
+    for d in (1, 37, 1000):
+        ev.record(f"max |Δ score|, query and key positions both shifted by {d}", r[f"shift both by {d}"],
+                  expect="≈ 1e-14: relative position only")
+    ev.record("max |Δ score|, only the key positions shifted by 5", r["shift the key only by 5"],
+              expect="of order the scores: the key turns")
+    ev.record("max |module score − hand-built score (torch.polar rotations)|", r["module vs hand-built score"],
+              expect="≈ 1e-16")
+    ev.record("max |cached rotary key − W_KR h rotated at its position|, decoding token by token",
+              r["cached rotary key vs W_KR h rotated at its position"], expect="≈ 1e-16")
+    ev.record("max |cached rotary key − W_KR h unrotated| (control)", r["cached rotary key vs W_KR h unrotated"],
+              expect="of order 1")
+    # seeds 100-139: key-only shift at least 0.38 of max |score|, unrotated-cache gap at least 2.4, every
+    # exact gap at most 1.8e-15; the bounds 1e-2 and 1e-9 / 1e-12 are far on either side
+    assert max(r[f"shift both by {d}"] for d in (1, 37, 1000)) < 1e-9
+    assert r["shift the key only by 5"] > 1e-2 * r["score scale"]
+    assert r["module vs hand-built score"] < 1e-12
+    assert r["cached rotary key vs W_KR h rotated at its position"] < 1e-12
+    assert r["cached rotary key vs W_KR h unrotated"] > 1e-2
+# --8<-- [end:test_decoupled]
