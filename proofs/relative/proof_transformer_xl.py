@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from proofs.transformer import DecoderLM, TransformerConfig, XLAttention, record_attention
+from proofs.transformer import DecoderLM, TransformerConfig, XLAttention, record_attention, sinusoidal_table
 
 V = 16  # vocabulary of every experiment here (token 0 unused)
 BASE = TransformerConfig(vocab_size=V, d_model=32, n_heads=2, d_ff=64, n_layers=2, positions="xl", mem_len=8,
@@ -63,6 +63,52 @@ def four_terms(seed: int, t_q: int = 6, mem: int = 5) -> dict:
         full = attn.score(q, k)  # the fast path: (q + u)·k_j and (q + v)·r_d, then rel_shift
     return {"terms": terms, "full": full, "attn": attn}
 # --8<-- [end:terms]
+
+
+def sinusoid_by_hand(dist: torch.Tensor, d_model: int) -> torch.Tensor:
+    """(...) signed distances -> (..., C) float64 R_d: sin(d·ω_i) at channel 2i, cos(d·ω_i) at 2i+1, ω_i = 10000^(−2i/C)."""
+    omega = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    angle = dist.double()[..., None] * omega
+    return torch.stack([angle.sin(), angle.cos()], -1).flatten(-2)
+
+
+@torch.no_grad()
+def position_keys(seed: int, t_q: int = 6, mem: int = 5) -> dict:
+    """Terms (b) and (d) of the built layer against r_{i−j} = W_kR R_{i−j} built by hand (float64), and what redrawing
+    W_kE or W_kR does to the position part of the score (the score minus (q_i + u)·k_j)."""
+    torch.manual_seed(seed)
+    attn = XLAttention(BASE).double().eval()
+    attn.u.normal_()
+    attn.v.normal_()
+    C, nh, hs = BASE.d_model, BASE.n_heads, BASE.d_head
+    kv = torch.randn(2, mem + t_q, C, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    i = torch.arange(t_q)[:, None] + mem  # query positions (end-aligned), key positions 0..mem+t_q-1
+    j = torch.arange(mem + t_q)[None, :]
+
+    def by_hand():  # (b) and (d) from the weights: r_{i-j} = W_kR R_{i-j}, per head
+        q, k, _ = attn.project(kv[:, mem:], kv)
+        r = (sinusoid_by_hand(i - j, C) @ attn.w_r.weight.T).view(t_q, mem + t_q, nh, hs).movedim(-2, 0)
+        b = torch.einsum("bhid,hijd->bhij", q, r) * attn.scale
+        d = torch.einsum("hd,hijd->hij", attn.v, r) * attn.scale
+        return q, k, b, d
+
+    def position_part():  # the module's score minus the content terms (a) + (c)
+        q, k, _ = attn.project(kv[:, mem:], kv)
+        return attn.score(q, k) - ((q + attn.u[:, None]) @ k.transpose(-2, -1)) * attn.scale
+
+    q, k, b, d = by_hand()
+    terms = attn.score_terms(q, k)
+    out = {"(b) vs hand": (terms["b"] - b).abs().max().item(), "(d) vs hand": (terms["d"] - d).abs().max().item()}
+    before = position_part()
+    out["score position part vs hand (b)+(d)"] = (before - (b + d)).abs().max().item()
+    table = sinusoidal_table(mem + t_q, C).double()  # the site's absolute table (float32), rows d = 0, 1, ...
+    out["hand R_d vs sinusoidal_table, d >= 0"] = (sinusoid_by_hand(torch.arange(mem + t_q), C) - table).abs().max().item()
+    attn.w_k.weight.normal_(0, C**-0.5)  # a new W_kE: the position part must not move
+    out["position part moved by a new W_kE"] = (position_part() - before).abs().max().item()
+    attn.w_r.weight.normal_(0, C**-0.5)  # a new W_kR: it must
+    out["position part moved by a new W_kR"] = (position_part() - before).abs().max().item()
+    out["position part scale"] = before.abs().max().item()
+    return out
 
 
 # %% [markdown]
@@ -236,7 +282,9 @@ import pytest  # noqa: E402
 def test_score_is_four_terms(ev, seed):
     """The four terms, each computed on its own, add up to the score XL attention uses; (c) ignores the query, (d) sees
     only i−j. Exact, an identity of our module's fast path against its pair-by-pair terms; it would be refuted by any
-    gap beyond float32 rounding."""
+    gap beyond float32 rounding. Against the weights (float64): terms (b) and (d) equal those built by hand with
+    r_{i−j} = W_kR R_{i−j} (R the sinusoid, negative distances included), and the position part of the score moves when
+    W_kR is redrawn, not when W_kE is; this pins down that positions are keyed by their own matrix."""
     out = four_terms(seed)
     terms, full, attn = out["terms"], out["full"], out["attn"]
     err = (sum(terms.values()) - full).abs().max().item()
@@ -260,6 +308,21 @@ def test_score_is_four_terms(ev, seed):
                            "w_o.weight", "w_o.bias", "w_r.weight", "u", "v"}
     assert params["u"].shape == params["v"].shape == (BASE.n_heads, BASE.d_head)
     assert not torch.equal(params["w_r.weight"], params["w_k.weight"])
+    # what the built layer computes with its position keys (float64): r_{i-j} = W_kR R_{i-j}, R sinusoidal
+    pk = position_keys(seed)
+    for name in ("(b) vs hand", "(d) vs hand", "score position part vs hand (b)+(d)"):
+        ev.record(f"max |{name} with r = W_kR R_(i−j) built by hand| (fp64)", pk[name], expect="≈ 1e-16")
+    ev.record("max |hand R_d − sinusoidal_table row d|, d ≥ 0", pk["hand R_d vs sinusoidal_table, d >= 0"],
+              expect="float32 rounding of the table")
+    ev.record("max |Δ position part of the score|, W_kE redrawn", pk["position part moved by a new W_kE"],
+              expect="≈ 1e-16: positions do not read W_kE")
+    ev.record("max |Δ position part of the score|, W_kR redrawn", pk["position part moved by a new W_kR"],
+              expect="of order the scores: positions read W_kR")
+    # seeds 100-139: hand gaps and the W_kE move at most 4.4e-16, the W_kR move at least 1.27 x max |position part|
+    assert max(pk["(b) vs hand"], pk["(d) vs hand"], pk["score position part vs hand (b)+(d)"]) < 1e-12
+    assert pk["hand R_d vs sinusoidal_table, d >= 0"] < 1e-6
+    assert pk["position part moved by a new W_kE"] < 1e-12
+    assert pk["position part moved by a new W_kR"] > 1e-2 * pk["position part scale"]
 
 
 @pytest.mark.claim("C-XL-1", "confirmed")
