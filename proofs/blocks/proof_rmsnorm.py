@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch._decomp import get_decompositions
 
-from proofs.block_lm import D, SWIGLU_REFERENCE, loss_floor, lm_run, paired
+from proofs.block_lm import D, LENGTH, SWIGLU_REFERENCE, loss_floor, lm_run, markov2_task, paired
 from proofs.transformer import RMSNorm
 
 
@@ -139,6 +139,28 @@ def norm_censuses(width: int = D) -> dict:
 # The model, the language and the runs live in proofs/block_lm.py (the modern-block proofs share them).
 
 
+# %% [markdown]
+# What the trained arms are made of: every norm module of the model built with `norm="rms"` (its type and count),
+# and what its first one computes on real activations, read by a forward hook and compared with x/√(mean(x²) + ε)·g.
+
+# %%
+@torch.no_grad()
+def built_norms(model: nn.Module, seed: int) -> dict:
+    """Norm modules of a built DecoderLM by type, and the first sub-layer norm's output against the RMS formula."""
+    norms = [m for m in model.modules() if isinstance(m, (nn.LayerNorm, RMSNorm))]
+    first = model.decoder.layers[0].sub_self.norm
+    seen = {}
+    handle = first.register_forward_hook(lambda m, args, out: seen.update(x=args[0], y=out))
+    x, _ = markov2_task(torch.Generator().manual_seed(20_000 + seed), 8, LENGTH)
+    model(x)
+    handle.remove()
+    inp, weight = seen["x"], first.weight
+    by_formula = inp / torch.sqrt(inp.pow(2).mean(-1, keepdim=True) + first.eps) * weight
+    return {"types": sorted({type(m).__name__ for m in norms}), "count": len(norms),
+            "vs formula": (seen["y"] - by_formula).abs().max().item(),
+            "max |token mean| of the input": inp.mean(-1).abs().max().item()}
+
+
 # %%
 if __name__ == "__main__":
     print(relations(0))
@@ -217,7 +239,9 @@ def test_rmsnorm_trains_about_as_well_as_layernorm_on_the_toy_lm(ev, seed):
     asserted to be smaller than that gain. Would be refuted if RMSNorm fell behind LayerNorm by as much as SwiGLU gains
     over ReLU, or moved outside the band below. Two honest limits: the band is a regression band (the 40-seed mean ± 4
     SD around this arm's own result), not a test of equivalence; and half of SwiGLU's gain could not be the bound,
-    because with two seeds the ratio reached 0.58 on one pair of seeds 100-139 (0.21 on average)."""
+    because with two seeds the ratio reached 0.58 on one pair of seeds 100-139 (0.21 on average). The arms are checked
+    to be what they say: every norm of the RMSNorm arm is an RMSNorm computing x/√(mean(x²) + ε)·g (read by a hook on
+    inputs with a non-zero mean), every norm of the base a LayerNorm."""
     seeds = [seed, seed + 1]
     p = paired(seeds, dict(norm="rms"))
     ref = paired(seeds, SWIGLU_REFERENCE)["mean_diff"]  # < 0: SwiGLU's gain
@@ -234,6 +258,18 @@ def test_rmsnorm_trains_about_as_well_as_layernorm_on_the_toy_lm(ev, seed):
     # difference, rounded outwards: a regression band
     assert p["mean_diff"] < -ref
     assert -0.07 < p["mean_diff"] < 0.15
+    # what the two arms are built of: 2L + 1 = 5 norms (two per layer, one final), all RMSNorm in the RMS arm, all
+    # LayerNorm in the base; the RMS arm's first norm computes x/√(mean(x²) + ε)·g on tokens whose mean is not 0
+    rms_arm, ln_arm = built_norms(lm_run(seed, norm="rms")["model"], seed), built_norms(lm_run(seed)["model"], seed)
+    ev.record("norm modules of the RMSNorm arm: types, count", [", ".join(rms_arm["types"]), rms_arm["count"]],
+              expect="RMSNorm only, 2L + 1 = 5")
+    ev.record("max |first norm's output − x/√(mean(x²) + ε)·g|, trained RMSNorm arm (hook)", rms_arm["vs formula"],
+              expect="0 (float rounding)")
+    ev.record("max |token mean| of that norm's input", rms_arm["max |token mean| of the input"],
+              expect="> 0.1: LayerNorm would not pass the line above")
+    assert rms_arm["types"] == ["RMSNorm"] and rms_arm["count"] == 5
+    assert ln_arm["types"] == ["LayerNorm"] and ln_arm["count"] == 5
+    assert rms_arm["vs formula"] < 1e-6 and rms_arm["max |token mean| of the input"] > 0.1
 # --8<-- [end:test_lm]
 
 
