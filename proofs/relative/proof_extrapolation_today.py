@@ -149,7 +149,7 @@ def table(seed: int) -> dict[str, list[float | None]]:
 
 
 # %% [markdown]
-# ## 3. What goes wrong at 4x, and what ALiBi gives up
+# ## 3. What goes wrong at 4x, and how far back the arms still reach
 #
 # Two probes on the trained arms, no training:
 #
@@ -157,10 +157,15 @@ def table(seed: int) -> dict[str, list[float | None]]:
 #   96..127) from the 32 tokens that end at it, as a fresh input. The answer of the task
 #   lies in that window, and for a relative scheme the window is exactly a training input.
 #   If this restores the 1x accuracy, the loss at 4x came from the tokens more than 32 back:
-#   keys at offsets (and, for absolute schemes, positions) the model never saw.
+#   keys at offsets the model never saw. For an absolute scheme the cut also moves every
+#   token back to positions 0..31, so it cannot tell far tokens from far positions.
 # - **A lone key far back.** Filler everywhere and one key d tokens before the last
-#   position: the target is that key. No other key competes, so any scheme that can attend
-#   that far by content finds it. A scheme that penalises distance cannot once d is large.
+#   position: the target is that key. No other key competes, so a model that can attend
+#   that far by content finds it. No arm was ever trained on a target more than about 32
+#   back (the latest key is on average under 3 back), so a miss can come from the scheme
+#   (ALiBi's penalty grows with d) or from what training never asked for; comparing the
+#   arms that hold their accuracy (ALiBi, Shaw, Transformer-XL) separates the two only
+#   in part.
 
 # %%
 # --8<-- [start:mechanism]
@@ -177,7 +182,11 @@ def windowed_accuracy(positions: str, seed: int, factor: int = 4) -> float:
     return ((pred == wanted) & valid).sum().item() / valid.sum().item()
 
 
-def lone_key_recall(positions: str, seed: int, distances=(4, 16, 48, 96), n: int = 64) -> list[float]:
+LONE_KEY = (4, 16, 48, 96)  # distances back of the lone key
+
+
+@cache
+def lone_key_recall(positions: str, seed: int, distances=LONE_KEY, n: int = 128) -> list[float]:
     """Accuracy at the last position of length-128 filler sequences holding one key d tokens back."""
     model = trained(positions, seed).eval()
     g = torch.Generator().manual_seed(20_000 + seed)
@@ -275,22 +284,46 @@ def test_rope_loses_accuracy_past_the_training_length(ev, seed):
 # --8<-- [start:test_alibi]
 @pytest.mark.claim("C-ALIBI-1", "confirmed")
 def test_alibi_keeps_its_accuracy_where_rope_loses_it(ev, seed):
-    """Flip positions="rope" to "alibi", nothing else: ALiBi keeps its accuracy to 4x the training length. It does so
-    by not looking far: a lone key 48 or 96 tokens back, which RoPE's and T5's models can still name, is mostly lost.
-    Would be refuted if ALiBi's accuracy fell past the training length as RoPE's does."""
+    """Flip positions="rope" to "alibi", nothing else: ALiBi keeps its accuracy to 4x the training length, where RoPE
+    loses it. Would be refuted if ALiBi's accuracy fell past the training length as RoPE's does. How far back it still
+    reaches is the next test."""
     alibi, rope = row_of("alibi", seed), row_of("rope", seed)
     record_row(ev, "ALiBi", alibi, expect="flat")
     ev.record("ALiBi: accuracy lost from 1x to 4x", alibi[0] - alibi[2], expect="≈ 0")
     ev.record("RoPE minus ALiBi: accuracy lost from 1x to 4x", (rope[0] - rope[2]) - (alibi[0] - alibi[2]),
               expect="> 0")
-    recall = lone_key_recall("alibi", seed)
-    ev.record("ALiBi: lone key 4, 16, 48, 96 tokens back, recalled", recall,
-              expect="near 1 inside the training length, low beyond")
-    # seeds 100-139: 1x 0.97 ± 0.01; loss 0.02 ± 0.014; RoPE − ALiBi 0.54 ± 0.03; lone key 96 back 0.34 ± 0.11
+    # seeds 100-139: 1x 0.97 ± 0.01; loss 0.02 ± 0.014; RoPE − ALiBi 0.54 ± 0.03
     assert alibi[0] > 0.85 and alibi[0] - alibi[2] < 0.08
     assert (rope[0] - rope[2]) - (alibi[0] - alibi[2]) > 0.25
-    assert recall[0] > 0.9 and recall[3] < 0.85
 # --8<-- [end:test_alibi]
+
+
+# --8<-- [start:test_lone_key]
+LONE_ARMS = {"ALiBi": "alibi", "Shaw (clip 8)": "shaw", "Transformer-XL": "xl", "T5 bias": "t5", "RoPE": "rope"}
+
+
+def test_a_lone_key_far_back(ev, seed):
+    """The lone-key probe on the three arms that hold their accuracy (ALiBi, Shaw, Transformer-XL) and on RoPE and T5,
+    the trained models of the table, no training. ALiBi and Shaw find a key 4 back. 96 back, ALiBi mostly misses it
+    while Shaw's clipped model, which holds its accuracy just as well, still finds it: holding the accuracy does not by
+    itself cost the far key. Transformer-XL, which also holds and has no distance penalty, often misses it too, so the
+    toy does not show that ALiBi's penalty, rather than training only on near targets, is what loses it. RoPE and T5
+    are recorded, not asserted. Would be refuted (ALiBi reaching as far as another arm that holds) if ALiBi's recall
+    96 back came within 0.15 of Shaw's."""
+    recall = {arm: lone_key_recall(p, seed) for arm, p in LONE_ARMS.items()}
+    for arm, r in recall.items():
+        ev.record(f"{arm}: lone key {', '.join(map(str, LONE_KEY))} tokens back, recalled", r,
+                  key=arm in ("ALiBi", "Shaw (clip 8)", "Transformer-XL"))
+        ev.record(f"{arm}: lone key 96 back", r[3], key=False)
+    gap = recall["Shaw (clip 8)"][3] - recall["ALiBi"][3]
+    ev.record("Shaw minus ALiBi, lone key 96 back", gap, expect="> 0: a model that holds can still reach it")
+    # seeds 100-139 (40/40 passed; bench/seeds): Shaw − ALiBi 96 back 0.64 ± 0.11 (min 0.30, max 0.90), so 0.15 is
+    # 4.3 sd below the mean and half the minimum; 96 back, ALiBi 0.32 ± 0.09 (max 0.52), Shaw 0.96 ± 0.08 (min 0.61),
+    # Transformer-XL 0.38 ± 0.16 (max 0.84), T5 0.90 ± 0.13, RoPE 0.81 ± 0.18; 4 back, ALiBi and Shaw were above 0.9
+    # on every seed (1.0 on each of seeds 100-120 we read), RoPE fell to 0.89 on seed 118, so it is not asserted
+    assert min(recall["ALiBi"][0], recall["Shaw (clip 8)"][0]) > 0.9  # the probe works where both were trained
+    assert gap > 0.15
+# --8<-- [end:test_lone_key]
 
 
 def test_absolute_sinusoids_fail_past_the_training_length(ev, seed):
@@ -333,9 +366,10 @@ def test_transformer_xl_holds(ev, seed):
 
 def test_t5_bias_loses_some(ev, seed):
     """T5's bias: every offset of 15 or more shares the last bucket, which was trained, so no offset at 4x is new;
-    still the accuracy falls at 4x. Cut to a 32-token window the model recovers much of it: the far keys, each given
-    the same far-bucket scalar and more numerous at 4x, are what costs it (see the ALiBi and T5 page). Would be
-    refuted if T5 lost under 0.05 from 1x to 4x, or if the 32-token window did not recover at least 0.03."""
+    still the accuracy falls at 4x. Cut to a 32-token window the model recovers much of it (not all): the tokens
+    beyond the window cost it. That the far keys, each given the same far-bucket scalar and more numerous at 4x, pile
+    up weight is consistent with this (see the ALiBi and T5 page) but not isolated here. Would be refuted if T5 lost
+    under 0.05 from 1x to 4x, or if the 32-token window did not recover at least 0.03."""
     t5 = row_of("t5", seed)
     record_row(ev, "T5 bias", t5)
     ev.record("T5: accuracy lost from 1x to 4x", t5[0] - t5[2])

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from proofs.relative.proof_shaw_rpr import shift_change
+from proofs.relative.proof_shaw_rpr import row_usage, shift_change
 from proofs.relative.proof_transformer_xl import BASE, V, gradient_reach, influence, lm, predicted_reach
 from proofs.transformer import (
     DecoderLayer,
@@ -364,8 +364,8 @@ def lag_batch(g: torch.Generator, batch: int, length: int, lag: int = SHORT_LAG)
 
 
 @cache
-def train_short_test_long(kind: str, seed: int) -> dict[int, float]:
-    """Accuracy at each test length of a 1-layer LM trained on length 8."""
+def short_model(kind: str, seed: int) -> DecoderLM:
+    """A 1-layer LM trained on length 8 to copy the token SHORT_LAG back."""
     torch.manual_seed(seed)
     model = DecoderLM(BASE.replace(n_layers=1, positions=KINDS[kind], mem_len=0, rel_clip=SHORT_K)).train()
     opt = torch.optim.Adam(model.parameters(), lr=LR, betas=(0.9, 0.98), fused=True)  # fused: same update, faster
@@ -376,7 +376,13 @@ def train_short_test_long(kind: str, seed: int) -> dict[int, float]:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    model.eval()
+    return model.eval()
+
+
+@cache
+def train_short_test_long(kind: str, seed: int) -> dict[int, float]:
+    """Accuracy at each test length of the 1-layer LM trained on length 8."""
+    model = short_model(kind, seed)
     out = {}
     for n in TEST_LENS:
         x, y = lag_batch(torch.Generator().manual_seed(10_000 + seed), 64, n)
@@ -647,8 +653,10 @@ def test_reach_comes_from_the_memory(ev, seed):
 
 @pytest.mark.claim("C-RPR-2", "confirmed")
 def test_train_short_test_long(ev, seed):
-    """Trained on 8 tokens, Shaw (k=4) and XL copy the token 3 back at 8x the length; absolute sinusoids lose it. Would
-    be refuted if Shaw's or XL's accuracy fell with the length like the absolute arm's."""
+    """Trained on 8 tokens, Shaw (k=4) and XL copy the token 3 back at 8x the length; absolute sinusoids lose it. The
+    causal Shaw model reads exactly the k+1 table rows its mask allows (offsets -k..0, the clip boundary -k included)
+    at 8 and 64 tokens. Would be refuted if Shaw's or XL's accuracy fell with the length like the absolute arm's, or if
+    the boundary row went unread."""
     acc = {kind: train_short_test_long(kind, seed) for kind in KINDS}
     for kind in KINDS:
         for n in TEST_LENS:
@@ -663,6 +671,19 @@ def test_train_short_test_long(ev, seed):
     for kind in ("Shaw", "XL"):  # ... the relative arms keep what they learned at every length ...
         assert acc[kind][TRAIN_LEN] - min(acc[kind][n] for n in TEST_LENS) < 0.05
     assert acc["absolute"][64] < 0.5  # ... and absolute sinusoids lose it at 8x the length
+    # which table rows the trained causal Shaw model reads (pairs with a nonzero attention weight), at 8 and at 64:
+    # the mask hides every key after the query, so exactly the k+1 rows of offsets -k..0 are read, the boundary row -k
+    # by every pair k or more back, and the k rows of offsets +1..+k never (they would serve a bidirectional model: the
+    # RPR page's encoder reads all 2k+1). Exact counts of what the model computes, not statistics.
+    shaw = short_model("Shaw", seed)
+    for n in (TRAIN_LEN, 64):
+        x, _ = lag_batch(torch.Generator().manual_seed(10_000 + seed), 64, n)
+        pairs = row_usage(shaw, x)["pairs"]
+        ev.record(f"Shaw k={SHORT_K}, length {n}: pairs reading table row of offset -{SHORT_K}..+{SHORT_K}",
+                  pairs.tolist(), key=False, expect="offsets -k..0 only: the causal mask hides the rest")
+        k, heads = SHORT_K, shaw.cfg.n_heads
+        assert (pairs[: k + 1] > 0).all() and (pairs[k + 1:] == 0).all()
+        assert pairs[0] == 64 * heads * (n - k) * (n - k + 1) // 2  # every key k or more back, through row -k
 
 
 # --8<-- [start:test_boundary]
