@@ -28,7 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from proofs.relative.proof_extrapolation_today import TRAIN_LEN, trained
+from proofs.length_runs import TRAIN_LEN, trained
 from proofs.transformer import (
     ALiBiAttention,
     DecoderLM,

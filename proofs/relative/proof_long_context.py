@@ -33,7 +33,7 @@ from functools import cache
 
 import torch
 
-from proofs.relative.proof_extrapolation_today import (
+from proofs.length_runs import (
     FACTORS,
     IGNORE,
     TRAIN_LEN,

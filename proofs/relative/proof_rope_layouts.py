@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from proofs.relative.proof_extrapolation_today import TRAIN_LEN, eval_batch, IGNORE, trained
+from proofs.length_runs import TRAIN_LEN, eval_batch, IGNORE, trained
 from proofs.transformer import DecoderLM, MultiHeadAttention, RotaryAttention, TransformerConfig, rope_permutation
 
 CFG = TransformerConfig(d_model=32, n_heads=4, positions="rope", attn_impl="explicit", dropout_emb=0.0,

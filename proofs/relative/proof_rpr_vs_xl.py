@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from proofs.relative.proof_shaw_rpr import row_usage, shift_change
-from proofs.relative.proof_transformer_xl import BASE, V, gradient_reach, influence, lm, predicted_reach
+from proofs.shaw_setup import row_usage, shift_change
+from proofs.xl_setup import BASE, V, gradient_reach, influence, lm, predicted_reach
 from proofs.transformer import (
     DecoderLayer,
     DecoderLM,
