@@ -113,11 +113,26 @@ def roofline_ms(flops: float, bytes_read: float, name: str = "A100 SXM 80GB") ->
 PARAMS_7B, CACHE_PER_TOKEN_7B = 6.74e9, 2 * 32 * 32 * 128 * 2  # bytes of keys and values per token and sequence
 
 
-def decode_step_7b(batch: int, context: int) -> dict:
-    """FLOPs ≈ 2·params per token + attention 4·L·d·T per token; bytes = weights + the cache of every sequence."""
+def decode_step_7b(batch: int, context: int, kv_heads: int = 32) -> dict:
+    """FLOPs ≈ 2·params per token + attention 4·L·d·T per token; bytes = weights + the cache of every sequence.
+    kv_heads < 32 is the same model with a GQA cache (attention FLOPs unchanged, cache bytes × kv_heads/32)."""
     flops = batch * (2 * PARAMS_7B + 4 * 32 * 4096 * context)
-    bytes_read = 2 * PARAMS_7B + batch * context * CACHE_PER_TOKEN_7B
+    bytes_read = 2 * PARAMS_7B + batch * context * CACHE_PER_TOKEN_7B * kv_heads / 32
     return {"intensity": flops / bytes_read, **roofline_ms(flops, bytes_read)}
+
+
+def longest_compute_bound_context_7b(kv_heads: int = 32, name: str = "A100 SXM 80GB") -> float:
+    """As B → ∞ decode's intensity tends to n_h/n_kv + 2N/(T·c) (weights shared, caches not). It can reach the
+    ridge R only while T < 2N / ((R − n_h/n_kv)·c), whatever the batch or the memory."""
+    c = CACHE_PER_TOKEN_7B * kv_heads / 32
+    return 2 * PARAMS_7B / ((ridge(name) - 32 / kv_heads) * c)
+
+
+def batch_to_reach_ridge_7b(context: int, name: str = "A100 SXM 80GB") -> float:
+    """Solve B(2N + 4LdT) / (2N + B·T·c) = R for B (MHA); infinite when T is past the bound above."""
+    R, w = ridge(name), 2 * PARAMS_7B
+    denominator = w + 4 * 32 * 4096 * context - R * context * CACHE_PER_TOKEN_7B
+    return w * R / denominator if denominator > 0 else float("inf")
 # --8<-- [end:hardware]
 
 
@@ -221,11 +236,25 @@ def test_batching_lifts_decode_until_the_cache_dominates(ev, seed):
               expect="arithmetic", key=False)
     # arithmetic: at the ridge batch (≈ 153 on an A100) how many cached tokens per sequence fit in 80 GB beside the
     # weights? MHA LLaMA-2-7B shape (512 KiB per token) against a GQA-8 cache of the same model (128 KiB per token)
+    # ("80 GB" = 8e10 bytes less the weights, ignoring activations, workspace and fragmentation: an order of magnitude)
     b_ridge = round(ridge("A100 SXM 80GB"))
     room = 80e9 - 2 * PARAMS_7B
+    fit_mha, fit_gqa = room / (b_ridge * CACHE_PER_TOKEN_7B), room / (b_ridge * CACHE_PER_TOKEN_7B / 4)
     ev.record("7B on A100 80GB at the ridge batch: batch, cached tokens per sequence that fit (MHA), same with GQA-8",
-              [b_ridge, room / (b_ridge * CACHE_PER_TOKEN_7B), room / (b_ridge * CACHE_PER_TOKEN_7B / 4)],
-              expect="arithmetic: ≈ 830 tokens with MHA, ≈ 3300 with GQA-8")
+              [b_ridge, fit_mha, fit_gqa], expect="arithmetic: ≈ 830 tokens with MHA, ≈ 3300 with GQA-8: a memory limit")
+    # ...but memory is the looser limit: at that batch and those contexts the step is far below the ridge.
+    at_fit = [decode_step_7b(b_ridge, round(fit_mha))["intensity"], decode_step_7b(b_ridge, round(fit_gqa), 8)["intensity"]]
+    ev.record("7B on A100 at the ridge batch with the caches that fit: FLOPs/byte (MHA, GQA-8)", at_fit,
+              expect="arithmetic: far below the ridge ≈ 153")
+    bound = [longest_compute_bound_context_7b(32), longest_compute_bound_context_7b(8),
+             longest_compute_bound_context_7b(32, "H100 SXM")]
+    ev.record("7B decode: longest context per sequence that can reach the ridge at any batch, 2N/((R − n_h/n_kv)c): "
+              "A100 MHA, A100 GQA-8, H100 MHA", bound, expect="arithmetic: ≈ 170, ≈ 690, ≈ 87 tokens")
+    ev.record("7B decode, A100 MHA: batch needed to reach the ridge with 100 cached tokens per sequence",
+              batch_to_reach_ridge_7b(100), expect="arithmetic: several hundred")
+    assert max(at_fit) < ridge("A100 SXM 80GB") / 3  # the intensity bound, not memory, is what binds
+    assert bound[0] < fit_mha and bound[1] < fit_gqa
+    assert decode_step_7b(10**6, round(bound[0]) - 1)["intensity"] > ridge("A100 SXM 80GB") > decode_step_7b(10**6, round(bound[0]) + 1)["intensity"]
     for B, T in ((1, 0), (64, 0), (16, 4096)):
         r = decode_step_7b(B, T)
         ev.record(f"7B (LLaMA-2 shape) decode step on A100, batch {B}, {T} cached: FLOPs/byte, compute ms, memory ms",
