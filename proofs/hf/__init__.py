@@ -2,8 +2,10 @@
 
 Each module here is a written mapping from one `transformers` architecture's parameter names to ours, with the
 configuration that makes our model compute the same function. Weights are copied with `copy_strict`: every one
-of our parameters must be written exactly once and every one of theirs read, so a mapping that forgets a key
-or leaves one over is an error, not a silent random weight.
+of our parameters must be written exactly once and every one of their keys read by some entry, so a mapping that
+forgets a key or leaves one over is an error, not a silent random weight. The check is per key, not per element:
+a key counts as read when any slice of it is taken (two entries could take the same rows of a fused tensor and
+leave others unread). The logits comparison is what catches a wrong slice.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def copy_strict(ours: nn.Module, theirs: Mapping[str, Tensor], mapping: Mapping[
 
     Raises MappingError when one of our parameters has no entry, an entry names a parameter we do not have, one of
     their keys (outside `ignore`, e.g. non-persistent rotary tables) is read by no entry, or shapes differ.
+    Strict per key, not per element: slices taken from a fused tensor are not checked to cover it exactly once.
     """
     own = dict(ours.named_parameters())
     missing = sorted(set(own) - set(mapping))

@@ -299,6 +299,9 @@ def hf_t5(seed: int) -> nn.Module:
 
 
 def t5_config(c) -> TransformerConfig:
+    # transformers 5.24's T5Config always sets tie_word_embeddings=True (the head is `shared`) and records the
+    # keyword in scale_decoder_outputs (False only when the config was made with tie_word_embeddings=False, as
+    # T5 v1.1's are); so the head is tied here and the d_model^-0.5 factor follows their flag, never assumed.
     refuse(c, gated_ffn=c.feed_forward_proj != "relu", untied_head=not c.tie_word_embeddings,
            inner_width_not_d_model=c.d_kv * c.num_heads != c.d_model)
     return TransformerConfig(
@@ -310,7 +313,8 @@ def t5_config(c) -> TransformerConfig:
         norm="rms", norm_position="pre",  # T5LayerNorm: x / RMS(x) · g, no mean, no bias; final_layer_norm
         activation="relu", bias=False,  # DenseReluDense: wi, relu, wo; no biases anywhere
         scale_embeddings=False, tie_embeddings="all",
-        scale_head=True,              # decoder output x d_model^-0.5 before the tied lm_head
+        scale_head=bool(getattr(c, "scale_decoder_outputs", c.tie_word_embeddings)),  # decoder output x d_model^-0.5
+                                      # before the tied lm_head, when their config says so
     )
 
 

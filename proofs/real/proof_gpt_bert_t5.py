@@ -31,7 +31,7 @@ import torch
 
 from proofs.hf import MappingError, copy_strict
 from proofs.hf.gpt_bert_t5 import (VOCAB, bloom_config, bloom_mapping, gpt2_mapping, hf_bloom, hf_gpt2, ours_from,
-                                   pair)
+                                   pair, t5_config)
 from proofs.transformer import DecoderLM, alibi_slopes
 
 torch.set_num_threads(1)
@@ -315,6 +315,17 @@ def test_t5_logits_match(ev, seed):
     # head's factor 2.87 ± 0.29 (min 2.31).
     assert r["controls"]["1/sqrt(d_k) scale"] > 100 * TOL
     assert r["controls"]["no d_model^-0.5 on the head"] > 100 * TOL
+    # transformers 5.24 ties T5's head whatever the keyword, and turns tie_word_embeddings=False into
+    # scale_decoder_outputs=False: our scale_head must follow that flag, not the (always True) tie flag.
+    import transformers
+    flags = []
+    for tie in (True, False):
+        c = transformers.T5Config(vocab_size=VOCAB, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4,
+                                  feed_forward_proj="relu", tie_word_embeddings=tie)
+        flags.append([c.tie_word_embeddings, c.scale_decoder_outputs, t5_config(c).scale_head])
+    ev.record("T5Config(tie_word_embeddings=True, then False): their tie_word_embeddings, scale_decoder_outputs; our scale_head",
+              flags, expect="[[True, True, True], [True, False, False]]", key=False)
+    assert flags == [[True, True, True], [True, False, False]]
 
 
 @pytest.mark.claim("C-REAL-14", "confirmed")

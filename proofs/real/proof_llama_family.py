@@ -89,11 +89,12 @@ def compare(hf, seed: int, ours=None, steps: int = 16) -> dict:
 
 
 # %% [markdown]
-# ## 2. Mistral's window, by test
+# ## 2. Mistral's window in `transformers`, by test
 #
-# Mistral's config says `sliding_window = w`. Does a query see w keys counting itself, or w before it? Our `window`
+# `MistralConfig` says `sliding_window = w`. Does a query see w keys counting itself, or w before it? Our `window`
 # means itself and the w − 1 keys before it. Run their model with w = 5 against ours with window 4, 5, 6 and none:
-# only one of them can match.
+# only one of them can match. This tests `transformers`' implementation only; Mistral's reference code
+# (`one_file_ref.py`) masks its prefill with `triu(…, diagonal=-w)`, w keys before the query, one more.
 
 # %%
 # --8<-- [start:window]
