@@ -43,6 +43,7 @@ from proofs.length_runs import (
 )
 from proofs.train import train
 from proofs.transformer import DecoderLM, rope_inv_freq
+from proofs.transformer.positions import rope_attention_factor
 
 S = 4  # target length / training length
 METHODS = {"RoPE as trained": "none", "position interpolation": "linear", "NTK-aware": "ntk", "YaRN": "yarn"}
@@ -115,6 +116,27 @@ def fine_tuned(method: str, seed: int, steps: int = FT_STEPS) -> DecoderLM:
 # --8<-- [end:stretch]
 
 
+def built_frequencies(seed: int) -> dict:
+    """What each scaled model holds: every layer's rotary frequencies and gain against rope_inv_freq(…, TRAIN_LEN) and
+    rope_attention_factor (exact equality), and YaRN built with max_len apart from rope_train_len (the ramp must follow
+    rope_train_len); the control is YaRN's frequencies for a training length of 64, the config's default."""
+    out = {}
+    for name, method in METHODS.items():
+        model, factor = with_scaling(method, seed), float(S) if method != "none" else 1.0
+        cfg = model.cfg
+        want = rope_inv_freq(cfg.d_head, cfg.rope_base, method, factor, TRAIN_LEN)
+        out[name] = all(torch.equal(layer.self_attn.inv_freq, want)
+                        and layer.self_attn.rope_gain == rope_attention_factor(method, factor)
+                        for layer in model.decoder.layers)
+    cfg = with_scaling("yarn", seed).cfg.replace(max_len=S * TRAIN_LEN)  # YaRN, max_len no longer equal to TRAIN_LEN
+    wide = DecoderLM(cfg)
+    yarn = rope_inv_freq(cfg.d_head, cfg.rope_base, "yarn", float(S), TRAIN_LEN)
+    out["YaRN, max_len = 4 × TRAIN_LEN"] = all(torch.equal(layer.self_attn.inv_freq, yarn) for layer in wide.decoder.layers)
+    out["YaRN fastest pair: at TRAIN_LEN, at the default 64"] = [
+        yarn[0].item(), rope_inv_freq(cfg.d_head, cfg.rope_base, "yarn", float(S), 64)[0].item()]
+    return out
+
+
 # %%
 if __name__ == "__main__":
     print(out_of_range_pairs(128, 2048), out_of_range_pairs(8, 32))
@@ -185,7 +207,8 @@ def test_without_training_interpolation_stretches_the_model(ev, seed):
     NTK-aware scaling keeps 1x and 2x and falls at 4x, consistent with the pairs test 1 counts as out of range. This
     order is the toy's (head size 8, s equal to the target ratio), the reverse of what Peng et al. (§3.1) report for
     LLaMA without fine-tuning, where NTK-aware beats PI. Would be refuted if unscaled RoPE held at 4x (no stretch
-    needed) or if no method held there."""
+    needed) or if no method held there. Each arm is checked to hold, in every layer, exactly the frequencies and gain
+    of its formula at the training length (YaRN's ramp follows rope_train_len, not the default or max_len)."""
     rows = {name: blocks(with_scaling(m, seed), seed) for name, m in METHODS.items()}
     for name, row in rows.items():
         ev.record(f"no fine-tune, {name}: accuracy at 1x, 2x, 4x", row)
@@ -193,6 +216,15 @@ def test_without_training_interpolation_stretches_the_model(ev, seed):
             ev.record(f"no fine-tune, {name} at {f}x", v, key=False)
     plain, pi, ntk, yarn = (rows[n] for n in METHODS)
     # thresholds from the spread over seeds 100-139 (bench/seeds)
+    # the arms are what they say: every layer's frequencies and gain equal the formula at TRAIN_LEN, exactly
+    freqs = built_frequencies(seed)
+    for name in METHODS:
+        ev.record(f"every layer's θ_i and gain equal rope_inv_freq(…, TRAIN_LEN), {name}", freqs[name], key=False)
+    ev.record("YaRN's fastest pair: built at TRAIN_LEN, and what a training length of 64 would give",
+              freqs["YaRN fastest pair: at TRAIN_LEN, at the default 64"], key=False)
+    assert all(freqs[name] for name in METHODS) and freqs["YaRN, max_len = 4 × TRAIN_LEN"]
+    fast, default = freqs["YaRN fastest pair: at TRAIN_LEN, at the default 64"]
+    assert abs(fast - default) > 0.1  # control: the check above can tell the two training lengths apart
     assert pi[2] > plain[2] + 0.2 and yarn[2] > plain[2] + 0.2
     assert ntk[1] > plain[1] and ntk[2] < pi[2]
 # --8<-- [end:test_no_ft]
