@@ -32,6 +32,7 @@ from proofs.length_runs import TRAIN_LEN, trained
 from proofs.transformer import (
     ALiBiAttention,
     DecoderLM,
+    EncoderTagger,
     MultiHeadAttention,
     ShawAttention,
     T5BiasAttention,
@@ -136,6 +137,36 @@ def t5_checks(seed: int) -> dict:
             p.numel() for p in MultiHeadAttention(CFG).parameters()),
     }
 # --8<-- [end:t5]
+
+
+def t5_reference_bidirectional(offset: int, n_buckets: int = 32, max_distance: int = 128) -> int:
+    """Bidirectional bucket of a key−query offset in plain Python (T5's rule for its encoder): half the buckets each
+    way, the upper half for keys after the query, the same exact-then-log rule on |offset| within a half."""
+    half = n_buckets // 2
+    upper = half if offset > 0 else 0
+    dist, exact = abs(offset), half // 2
+    if dist < exact:
+        return upper + dist
+    return upper + min(exact + int(math.log(dist / exact) / math.log(max_distance / exact) * (half - exact)), half - 1)
+
+
+@torch.no_grad()
+def t5_encoder_checks(seed: int) -> dict:
+    """Bidirectional buckets against the plain-Python rule for offsets −1000..1000, and the bias an encoder layer of a
+    built EncoderTagger actually adds (after its own forward pass) for the keys just after and just before a query."""
+    offsets = torch.arange(-1000, 1001)
+    ref = torch.tensor([t5_reference_bidirectional(int(o)) for o in offsets])
+    torch.manual_seed(seed)
+    tagger = EncoderTagger(CFG.replace(vocab_size=16, n_layers=1, positions="t5")).eval()
+    attn = tagger.encoder.layers[0].self_attn
+    attn.rel_bias.normal_()  # a table as after training: every row different
+    tagger(torch.randint(1, 16, (2, 12), generator=torch.Generator().manual_seed(seed)))  # sets the layer's mode
+    after = attn.bias(torch.tensor([[5]]), torch.tensor([[6]]))[0, :, 0, 0]  # (nh,): key one after the query
+    before = attn.bias(torch.tensor([[5]]), torch.tensor([[4]]))[0, :, 0, 0]  # key one before
+    return {"bidirectional module vs reference, offsets −1000..1000": int((t5_bucket(offsets, True) != ref).sum()),
+            "encoder bias, key after = table row 17": bool(torch.equal(after, attn.rel_bias[17])),
+            "encoder bias, key before = table row 1": bool(torch.equal(before, attn.rel_bias[1])),
+            "rows 17 and 1 differ": bool((attn.rel_bias[17] != attn.rel_bias[1]).all())}
 
 
 # %% [markdown]
@@ -272,7 +303,9 @@ def test_t5_bucket_map_parameters_and_far_offsets(ev, seed):
     """The bucket of every distance 0..1000 equals T5's rule written out in Python: 16 exact buckets, then log-spaced
     ones, the last shared by every distance from 113 on; a layer adds buckets × heads scalars; keys 200, 1000 and
     100 000 back get the same scalar, row 31 of the table. Exact, by construction. Would be refuted by a distance in
-    the wrong bucket or far offsets with different biases."""
+    the wrong bucket or far offsets with different biases. The encoder's bidirectional buckets are checked too: every
+    offset −1000..1000 against T5's rule (keys after the query in the upper half), and a built encoder layer adds row 17
+    for the key just after a query and row 1 for the key just before."""
     r = t5_checks(seed)
     for name, v in r.items():
         ev.record(name, v)
@@ -280,6 +313,13 @@ def test_t5_bucket_map_parameters_and_far_offsets(ev, seed):
     assert r["first distance in the last bucket"] == 113 and r["buckets used"] == 32
     assert r["far scalars differ (max over heads)"] == 0.0 and r["far scalar equals table row 31"]
     assert r["parameters per layer"] == 32 * CFG.n_heads
+    # the encoder's bidirectional buckets: both halves against T5's rule, and what a built encoder layer adds
+    enc = t5_encoder_checks(seed)
+    for name, v in enc.items():
+        ev.record(name, v, key=False)
+    assert enc["bidirectional module vs reference, offsets −1000..1000"] == 0
+    assert enc["encoder bias, key after = table row 17"] and enc["encoder bias, key before = table row 1"]
+    assert enc["rows 17 and 1 differ"]
 # --8<-- [end:test_t5]
 
 
