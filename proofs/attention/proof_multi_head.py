@@ -128,8 +128,10 @@ def paper_multi_head(x, heads, w_o):
 # n² tokens (at the two ends the missing neighbour is the token itself). One encoder layer,
 # so the two lookups must happen in one attention sub-layer: with two layers one head could
 # fetch one neighbour per layer. d_model = 32, the same for both arms: 1 head of 32 against
-# 2 heads of 16. 300 Adam steps at learning rate 6e-3, batch 32, length 10; same seed and batches
-# for both arms, each trained once per seed (cached).
+# 2 heads of 16. 400 Adam steps at learning rate 6e-3, batch 32, length 10; same seed and batches
+# for both arms, each trained once per seed (cached). 400 and not 300: at 300 steps the one-head run
+# of seed 0 was still at a training loss of 0.64 when training stopped (accuracy 0.83), a run cut
+# short rather than one that cannot learn; at 400 it is at 0.09 (accuracy 0.98).
 
 # %%
 N_SYMBOLS, T = 4, 10
@@ -156,7 +158,7 @@ def attention_profile(model: EncoderTagger, x) -> torch.Tensor:
 
 
 @cache
-def train_heads(n_heads: int, seed: int, d_model: int = 32, steps: int = 300) -> dict:
+def train_heads(n_heads: int, seed: int, d_model: int = 32, steps: int = 400) -> dict:
     torch.manual_seed(seed)
     cfg = TransformerConfig(vocab_size=VOCAB, d_model=d_model, n_heads=n_heads, d_ff=2 * d_model, n_layers=1,
                             dropout_emb=0.0, dropout_residual=0.0)
@@ -300,15 +302,19 @@ def _plot(ev, one: dict, two: dict) -> None:
 @pytest.mark.claim("C-MHA-1", "nuanced")
 def test_one_head_mixes_two_relations_and_still_learns(ev, seed):
     """Two relations at once (left and right neighbour): one head of the same total width splits its softmax
-    between them, with unequal weights, and learns the task about as well as two heads (a single one-head run gets
-    stuck on about one seed in 60; the test then restarts it once, and records that). Would be confirmed as stated
-    (one head mixes them less well) if the one-head model fell clearly behind, refuted on the mechanism if the one
-    head did not put weight on both neighbours."""
+    between them, with unequal weights, and learns the task about as well as two heads. A run whose training loss is
+    still above 0.3 when training stops did not fit within the budget; such a run (of either arm) is restarted once
+    from another initialisation, and the restart is recorded. Would be confirmed as stated (one head mixes them less
+    well) if the one-head model fell clearly behind, refuted on the mechanism if the one head did not put weight on
+    both neighbours."""
     two = train_heads(2, seed)
     one = train_heads(1, seed)
-    if one["acc"] <= THRESHOLDS_HEADS["one head learns"]:  # a run stuck early (about 1 in 60 seeds): one restart
-        ev.record("1 head: the first initialisation did not learn; accuracy of that run", one["acc"], key=False)
+    if one["loss"][-1] > THRESHOLDS_HEADS["fitted"]:  # a run that did not fit in the budget: one restart
+        ev.record("1 head: the first initialisation did not fit; its final training loss", one["loss"][-1], key=False)
         one = train_heads(1, seed + 1000)
+    if two["loss"][-1] > THRESHOLDS_HEADS["fitted"]:  # the same rule for the other arm
+        ev.record("2 heads: the first initialisation did not fit; its final training loss", two["loss"][-1], key=False)
+        two = train_heads(2, seed + 1000)
     _plot(ev, one, two)
     left, right = OFFSETS.index(-1), OFFSETS.index(1)
     p = one["profile"][0]
@@ -335,19 +341,23 @@ def test_one_head_mixes_two_relations_and_still_learns(ev, seed):
     assert min(p[left], p[right]) > THRESHOLDS_HEADS["both neighbours"]  # one softmax takes both neighbours ...
     assert min(p[left], p[right]) - max(p[OFFSETS.index(-2)], p[OFFSETS.index(2)]) > THRESHOLDS_HEADS["beyond ±2"]
     assert abs(p[left] - p[right]) > THRESHOLDS_HEADS["unequal"]  # ... with unequal weights: the order stays readable
+    assert one["loss"][-1] < THRESHOLDS_HEADS["fitted"]  # fitted, after at most one restart
     assert one["acc"] > THRESHOLDS_HEADS["one head learns"]
     assert two["acc"] - one["acc"] < THRESHOLDS_HEADS["close to two heads"]
 
 
-# Thresholds, from seeds 100-139 (one seed per value, as in the test): smaller neighbour weight minus the largest
-# weight at offset ±2 0.151 ± 0.012 (so the smaller neighbour weight is above 0.12 on every seed), threshold 0.05;
-# |left − right| 0.19 ± 0.02 (min 0.10), threshold 0.05; accuracy of one head 0.968 ± 0.031 (min 0.86), threshold
-# 0.8; two heads − one head 0.022 ± 0.033 (max 0.135), threshold 0.2. Every threshold is at least 4 sd away.
-# A sweep of 20 random seeds (rng 2027) met one seed whose one-head run stayed stuck (accuracy 0.27, loss 2.1) while
-# two heads learned: an optimisation failure of a single run, so the test restarts the one-head arm once from another
-# initialisation and records that it did; a one-head model that fails twice still fails the test.
-# Recorded, not asserted: the two heads lean opposite ways on 34 of the 40 seeds; two heads reach a training loss
-# below 0.3 sooner on most seeds (one head − two heads: 28 ± 34 steps, from −33 to 102).
-THRESHOLDS_HEADS = {"both neighbours": 0.1, "beyond ±2": 0.05, "unequal": 0.05, "one head learns": 0.8,
-                    "close to two heads": 0.2}
+# Thresholds, from seeds 100-139 at 400 steps (one seed per value, as in the test; seed 0 in brackets): smaller
+# neighbour weight 0.213 ± 0.007 (min 0.190) [0.224], threshold 0.1; smaller neighbour weight minus the largest weight
+# at offset ±2 0.155 ± 0.010 (min 0.123), threshold 0.05; |left − right| 0.193 ± 0.014 (min 0.171), threshold 0.05;
+# accuracy of one head 0.980 ± 0.019 (min 0.906) [0.976], threshold 0.8; two heads − one head 0.010 ± 0.022
+# (max 0.057) [0.007], threshold 0.1 (4.1 sd); final training loss (20-step mean) of one head 0.071 ± 0.048
+# (max 0.21) [0.09], of two heads 0.025 ± 0.032 (max 0.11): a run above 0.3 (4.8 sd above the one-head mean) has
+# not fitted and is restarted once; no run of the sweep needed it. At 300 steps seed 0's one-head run ended at loss
+# 0.64 (accuracy 0.83, about 7 sd below the 0.975 mean of a 20-seed sweep at 300 steps): a run cut short, hence 400
+# steps and a restart rule on the loss, not on the accuracy. A one-head model that fails to fit twice still fails the test.
+# Recorded, not asserted: the two heads lean opposite ways on 37 of the 40 seeds (not on seed 0, where one head
+# mixes both neighbours like the single head: leans [0.205, 0.037]); two heads reach a training loss below 0.3
+# sooner on most seeds (one head − two heads: 30 ± 39 steps, from −33 to 128) [103].
+THRESHOLDS_HEADS = {"fitted": 0.3, "both neighbours": 0.1, "beyond ±2": 0.05, "unequal": 0.05, "one head learns": 0.8,
+                    "close to two heads": 0.1}
 # --8<-- [end:test_heads]
