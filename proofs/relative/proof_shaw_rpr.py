@@ -101,7 +101,7 @@ def learned_table_runs(n: int) -> str:
 
 
 def untrained_rows(seed: int, k: int = 16) -> list[int]:
-    """Offsets whose w^K row gets no gradient from a batch of length TRAIN_LEN when k = 16."""
+    """Offsets whose w^K row gets no gradient from a batch of length TRAIN_LEN at clip distance k."""
     torch.manual_seed(seed)
     model = EncoderTagger(tiny("shaw", rel_clip=k))
     x, y = previous_token_task(torch.Generator().manual_seed(seed), 32, TRAIN_LEN, 16)
@@ -270,9 +270,15 @@ def test_clipped_table_serves_any_length(ev, seed):
     ev.record("offsets whose w^K row gets no gradient, k=16, length 8", f"|j−i| ≥ {min(abs(r) for r in never)}",
               expect="|j−i| ≥ 8: longer than any training offset")
     assert never == [r for r in range(-16, 17) if abs(r) >= TRAIN_LEN]
+    # at the trained k = 4 every one of the 2k+1 rows gets a gradient, both boundaries included: training trains them all
+    trained_at_k = untrained_rows(seed, k=K)
+    ev.record(f"offsets whose w^K row gets no gradient, k={K}, length 8", len(trained_at_k), expect="0: all 2k+1 rows train")
+    assert trained_at_k == []
     # the 2k+1 rows in use: which rows the trained encoder reads while it runs (pairs with a nonzero attention weight,
     # through the index its forward pass computes), at the training length and at 4x. Bidirectional, so both clip
-    # boundaries serve: row -k every key k or more to the left, row +k every key k or more to the right. Exact counts.
+    # boundaries serve: row -k every key k or more to the left, row +k every key k or more to the right. Exact counts:
+    # an implementation check (the counts follow from the clip formula, trained or not; a clip that never reaches
+    # row -k or +k fails it), beside the gradient check above, which is the one about training.
     model = trained_tagger("shaw", seed).eval()
     for n in (TRAIN_LEN, 32):
         x, _ = previous_token_task(torch.Generator().manual_seed(10_000 + seed), 256, n, 16)
