@@ -25,6 +25,7 @@ CHOICES = {
     "norm": ("layer", "rms", "batch", "none"),
     "norm_position": ("post", "pre"),
     "depth_init": ("none", "gpt2", "deepnorm"),
+    "deepnorm_parts": ("both", "beta", "alpha"),
     "positions": ("sinusoidal", "learned", "none", "shaw", "xl", "rope", "alibi", "t5"),
     "rope_layout": ("interleaved", "half"),
     "rope_scaling": ("none", "linear", "ntk", "yarn"),
@@ -69,6 +70,7 @@ class TransformerConfig:
     norm_eps: float = 1e-5  # epsilon inside the norms
     parallel_block: bool = False  # GPT-J/PaLM: x + attn(norm(x)) + ffn(norm(x)), one norm, both read the same input (Pre-LN only)
     depth_init: str = "none"  # gpt2: residual output projections x 1/sqrt(2L) at init; deepnorm: norm(alpha·x + f(x)) with beta-scaled init (Post-LN)
+    deepnorm_parts: str = "both"  # deepnorm ablation: "both" (the paper), "beta" (beta init, alpha = 1) or "alpha" (alpha, no beta init)
     # --- positions and embeddings ------------------------------------------
     positions: str = "sinusoidal"  # absolute sinusoids (paper), learned table, none, Shaw or XL relative scores, rotary (RoPE), ALiBi or T5 biases
     rel_clip: int = 16  # Shaw: offsets j-i clipped to [-k, k], so 2k+1 learned vectors serve any length
@@ -246,6 +248,10 @@ class TransformerConfig:
             raise ConfigError(
                 "depth_init='deepnorm' up-weights the residual inside a Post-LN sub-layer, norm(alpha·x + f(x)): set "
                 "norm_position='post' and residual=True (for Pre-LN use depth_init='gpt2')."
+            )
+        if self.deepnorm_parts != "both" and self.depth_init != "deepnorm":
+            raise ConfigError(
+                f"deepnorm_parts={self.deepnorm_parts!r} keeps one half of DeepNorm: set depth_init='deepnorm' too."
             )
 
     @property

@@ -95,13 +95,20 @@ def share_t5_bias(layers: nn.ModuleList, cfg: TransformerConfig) -> None:
             layer.self_attn.keep_init = [layer.self_attn.rel_bias]
 
 
+def deepnorm_used(cfg: TransformerConfig, consts: tuple[float, float]) -> tuple[float, float]:
+    """The (alpha, beta) a stack applies: the table's, or 1 for the half that cfg.deepnorm_parts leaves out."""
+    alpha, beta = consts
+    return (1.0 if cfg.deepnorm_parts == "beta" else alpha, 1.0 if cfg.deepnorm_parts == "alpha" else beta)
+
+
 class Encoder(nn.Module):
     def __init__(self, cfg: TransformerConfig, n_layers: Optional[int] = None, deepnorm_role: str = "single",
                  n_other: int = 0):
         super().__init__()
         self.cfg = cfg
         n = n_layers or cfg.n_layers
-        self.alpha, self.beta = deepnorm_constants(n, n_other, deepnorm_role) if cfg.depth_init == "deepnorm" else (1.0, 1.0)
+        consts = deepnorm_constants(n, n_other, deepnorm_role)
+        self.alpha, self.beta = deepnorm_used(cfg, consts) if cfg.depth_init == "deepnorm" else (1.0, 1.0)
         self.layers = nn.ModuleList(EncoderLayer(cfg, self.alpha) for _ in range(n))
         share_t5_bias(self.layers, cfg)
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else nn.Identity()
@@ -118,7 +125,7 @@ class Decoder(nn.Module):
         self.cfg = cfg
         n = cfg.n_dec_layers or cfg.n_layers
         consts = deepnorm_constants(cfg.n_layers, n, "decoder") if cross else deepnorm_constants(n, 0, "single")
-        self.alpha, self.beta = consts if cfg.depth_init == "deepnorm" else (1.0, 1.0)
+        self.alpha, self.beta = deepnorm_used(cfg, consts) if cfg.depth_init == "deepnorm" else (1.0, 1.0)
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross, self.alpha) for _ in range(n))
         share_t5_bias(self.layers, cfg)
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else nn.Identity()
