@@ -209,8 +209,9 @@ def _plot_variance(ev, profiles: dict):
 @pytest.mark.claim("C-INIT-1", "confirmed")
 def test_gpt2_scaling_keeps_the_stream_variance_flat_in_depth(ev, seed):
     """At initialisation the Pre-LN residual stream's variance grows linearly with depth without the scaling
-    (growth exponent ≈ 1) and stays flat with 1/√(2L) (exponent ≈ 0). Would be refuted if the scaled stream
-    still grew with L."""
+    (growth exponent ≈ 1) and stays flat with 1/√(2L) (exponent ≈ 0); the built model's W_O and FFN output maps are
+    checked to be exactly 1/√(2L) of the unscaled build, every other weight equal. Would be refuted if the scaled
+    stream still grew with L."""
     arms = {"none": {}, "gpt2": {}}
     for init in arms:
         arms[init] = {L: stream_variance(seed, L, init) for L in DEPTHS}
@@ -226,6 +227,19 @@ def test_gpt2_scaling_keeps_the_stream_variance_flat_in_depth(ev, seed):
     # over seeds 100-139: exponents 1.148 ± 0.042 (no scaling) and 0.022 ± 0.052 (gpt2); bounds beyond 4 SD
     assert exps["none"] > 0.8 and abs(exps["gpt2"]) < 0.3
     assert finals["none"][-1] > 5 * finals["gpt2"][-1]
+    # what the built model holds (a flat stream would also come from a wrong gain or the wrong matrices): built from
+    # the same seed, the scaled model differs from the plain one exactly in W_O and the FFN's last map, by 1/√(2L)
+    for L in (2, 8):
+        torch.manual_seed(seed)
+        plain = dict(DecoderLM(init_cfg(L, depth_init="none")).named_parameters())
+        torch.manual_seed(seed)
+        scaled = dict(DecoderLM(init_cfg(L, depth_init="gpt2")).named_parameters())
+        ends = [n for n in plain if n.endswith(("w_o.weight", "lin2.weight"))]
+        off = max((scaled[n] - plain[n] * (2 * L) ** -0.5).abs().max().item() for n in ends)
+        ev.record(f"L={L}: largest |W_scaled − W_plain/√(2L)| over the {len(ends)} branch-output matrices", off,
+                  key=False, expect="0 (rounding)")
+        assert len(ends) == 2 * L and off < 1e-7
+        assert all(torch.equal(scaled[n], plain[n]) for n in plain if n not in ends)  # nothing else is touched
 # --8<-- [end:test_variance]
 
 
