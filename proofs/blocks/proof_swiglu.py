@@ -261,6 +261,22 @@ def test_swiglu_beats_relu_on_the_toy_lm_at_equal_parameters(ev, seed):
     # over seeds 100-139 the 2-seed mean difference was -0.182 ± 0.025 (min -0.244, max -0.127); the bound is the
     # mean + 4.4 SD, so a SwiGLU that only matched ReLU (or beat it by a third of that) would fail
     assert p["mean_diff"] < -0.07
+    # what the trained SwiGLU arm computes (its loss alone would not notice the gate on the wrong branch): a hook on
+    # every FFN compares its output with lin2(silu(lin1 x) ⊙ gate x), and with the swapped lin2(lin1 x ⊙ silu(gate x))
+    model = lm_run(seed, **SWIGLU)["model"]
+    seen = []
+    hooks = [f.register_forward_hook(lambda m, i, o: seen.append((m, i[0], o))) for f in model.modules()
+             if isinstance(f, FeedForward)]
+    with torch.no_grad():
+        model(markov2_task(torch.Generator().manual_seed(seed), 4, 16)[0])
+        for h in hooks:
+            h.remove()
+        silu = torch.nn.functional.silu
+        gaps = [(o - m.lin2(silu(m.lin1(x)) * m.gate(x))).abs().max().item() for m, x, o in seen]
+        swapped = [(o - m.lin2(m.lin1(x) * silu(m.gate(x)))).abs().max().item() for m, x, o in seen]
+    ev.record("trained SwiGLU FFNs: largest |out − lin2(silu(lin1 x) ⊙ gate x)|", max(gaps), key=False, expect="0")
+    ev.record("same, against the gate on the other branch", min(swapped), key=False, expect="O(1e-2) or more")
+    assert len(seen) == model.cfg.n_layers and max(gaps) < 1e-6 and min(swapped) > 1e-3
 # --8<-- [end:test_lm]
 
 
