@@ -149,11 +149,9 @@ title: t
 ---
 
 !!! abstract "30 秒回答"
-    <div class="thirty-seconds" lang="zh" markdown>
     第一行，缩进正确，
 第二行没有缩进，框在这里被截断，
     第三行又缩进了。
-    </div>
 
 After the box.
 '''
@@ -165,7 +163,7 @@ def test_the_check_catches_an_unindented_line_in_a_box(tmp_path):
     broken = tmp_path / "broken.md"
     broken.write_text(BROKEN, encoding="utf-8")
     text = broken.read_text(encoding="utf-8")
-    assert unindented_continuations(text) == [(8, "第二行没有缩进，框在这里被截断，")]
+    assert unindented_continuations(text) == [(7, "第二行没有缩进，框在这里被截断，")]
     ((line, top),) = rendered_outside_the_box(text)
     assert line == 5 and top[0] == ("div", "admonition abstract") and ("p", "") in top[1:]
     fixed = text.replace("\n第二行", "\n    第二行")

@@ -423,3 +423,9 @@ def on_post_build(config):
     # --strict counts warnings only when they are logged (`mkdocs build -q` hides them): fail here as well.
     if config.get("strict") and _problems:
         raise PluginError(f"{len(_problems)} evidence problem(s); run the proofs (`make proofs`):\n" + "\n".join(_problems))
+
+
+def on_page_content(html: str, page, config, files):
+    """Chinese answer boxes carry lang="zh" (fonts, screen readers, the study tests' locator)."""
+    return re.sub(r'<(div|details) class="([^"]*)">(\s*<(?:p class="admonition-title"|summary)>(?:30 秒回答|如果面试官追问)<)',
+                  r'<\1 class="\2" lang="zh">\3', html)
