@@ -10,7 +10,7 @@ KATEX  := build/npm/node_modules/katex/package.json
 JOBS   ?= 2
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup chromium proofs site serve test pdf bench seeds notebooks clean
+.PHONY: setup chromium proofs site serve test pdf bench seeds at-scale notebooks clean
 
 setup: $(VENV)/.installed $(KATEX)
 
@@ -54,6 +54,10 @@ bench: setup             ## the shared encoder layer vs torch.nn, and the proof 
 SEEDS ?= 20
 seeds: setup             ## every proof under $(SEEDS) random seeds outside 0-29: each test's pass rate
 	$(PY) -m proofs.seeds proofs -n $(SEEDS) --jobs $(JOBS)
+
+PRESET ?=
+at-scale: setup          ## the training verdicts on a ~100x larger model and real text: bench/at_scale/<preset>.json
+	$(PY) -m proofs.at_scale $(if $(PRESET),--preset $(PRESET))   # gpu with CUDA (~8 min), else cpu (~30 min)
 
 notebooks: setup         ## proofs as .ipynb under build/notebooks (never committed)
 	mkdir -p build/notebooks
