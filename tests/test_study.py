@@ -2,7 +2,8 @@
 
 Every page renders its math, question pages show evidence cards and no empty value, nothing errs in the
 console and no request leaves 127.0.0.1. A flashcard session is driven by the keyboard and survives a
-reload; a mock-interview round runs against its timer; the PDF, the Anki deck and a notebook download
+reload; a flashcard's back is the page's 30-second answer and its push-back is one key (p) away; a mock-interview
+round runs against its timer and reveals in two steps (the answer, then the push-back and the wrong answers); the PDF, the Anki deck and a notebook download
 and open (the notebook executes). Screenshots go to build/screenshots/ (never committed).
 """
 
@@ -103,7 +104,9 @@ def test_mock_interview_round(page, server):
     page.fill(".kb-notes", "softmax saturates, so ...")
     page.click(".kb-reveal")
     assert page.locator(".kb-card.is-current .kb-card__back").is_visible()
-    if page.locator(".kb-card.is-current .kb-card__wrong").count():
+    if page.locator(".kb-card.is-current .kb-card__wrong").count():  # the second step shows the wrong answers
+        assert not page.locator(".kb-card.is-current .kb-card__wrong").is_visible()
+        page.click(".kb-push")
         assert page.locator(".kb-card.is-current .kb-card__wrong").is_visible()
     _shot(page, "mock-interview")
     page.click(".kb-grade[data-grade='2']")
@@ -112,11 +115,108 @@ def test_mock_interview_round(page, server):
     assert len(store["cards"]) == 1  # the same store as the flashcards
 
 
+def _pushback_card(page) -> tuple[str, str]:
+    """(data-id, area) of the first question card (navigation order) whose page has the push-back boxes."""
+    found = page.eval_on_selector_all(
+        ".kb-deck .kb-card[data-kind=question]",
+        "cs => cs.filter(c => c.querySelector('.kb-card__push')).map(c => [c.dataset.id, c.dataset.area])")
+    if not found:
+        pytest.skip('no question page has an "If they push back" box yet, so there is no push-back to reveal '
+                    "(grep -l 'tip \"If they push back\"' docs/*/*.md)")
+    return found[0][0], found[0][1]
+
+
+def test_flashcard_back_is_the_crisp_answer_and_p_shows_the_push_back(page, server):
+    page.goto(f"{server}/study/flashcards/")
+    page.wait_for_selector(".kb-progress")
+    target, area = _pushback_card(page)
+    page.select_option(".kb-areas", area)
+    current = page.locator(".kb-card.is-current")
+    for _ in range(page.locator(f".kb-card[data-area={area}]").count()):
+        if current.get_attribute("data-id") == target:
+            break
+        page.keyboard.press("ArrowRight")
+    assert current.get_attribute("data-id") == target
+    back, push, button = current.locator(".kb-card__back"), current.locator(".kb-card__push"), page.locator(".kb-push")
+    assert not back.is_visible() and not push.is_visible() and not button.is_visible()
+    page.keyboard.press("Space")
+    page.wait_for_function(KATEX_DONE, timeout=15_000)
+    # the back: the crisp answer, its verdict chips, the link to the page; the push-back stays hidden
+    assert back.is_visible() and not push.is_visible() and button.is_visible()
+    assert back.locator(".verdict").count() >= 1
+    link = back.locator("a", has_text="Derivation and proof")
+    assert link.count() == 1
+    first_paragraph = back.locator("p").first.inner_text().strip()
+    current.evaluate("e => window.scrollTo(0, e.getBoundingClientRect().top + window.scrollY - 70)")
+    _shot(page, "flashcard-back")
+    page.keyboard.press("p")
+    assert push.is_visible() and button.get_attribute("aria-expanded") == "true"
+    assert push.locator(".kb-label").inner_text().strip().lower() == "if they push back"
+    assert push.locator("p > strong").count() >= 2, "at least two probes, each a bold question"
+    assert all(q.strip().endswith(('?"', "?", '?”')) for q in push.locator("p > strong").all_inner_texts())
+    _shot(page, "flashcard-pushback")
+    page.keyboard.press("p")  # the same key hides it again; the button shows it
+    assert not push.is_visible()
+    button.click()
+    assert push.is_visible()
+    if "has-push-zh" in (current.get_attribute("class") or ""):  # Chinese mode: the Chinese push-back
+        page.click(".kb-lang")
+        assert current.locator(".kb-card__push-zh").is_visible() and not push.is_visible()
+        assert "如果面试官追问" in button.inner_text()
+        _shot(page, "flashcard-pushback-zh")
+        page.click(".kb-lang")
+    # the back is the page's own 30-second answer: its first paragraph reads the same there
+    href = link.get_attribute("href")
+    page.keyboard.press("3")  # the grading keys still work after p
+    assert current.get_attribute("data-id") != target
+    page.goto(f"{server}/study/flashcards/{href}")
+    page.wait_for_function(KATEX_DONE, timeout=15_000)
+    box = page.locator(".admonition.abstract:has(.admonition-title:text-is('The 30-second answer'))")
+    assert box.locator("p:not(.admonition-title)").first.inner_text().strip() == first_paragraph
+
+
+def test_mock_interview_reveals_answer_then_push_back(page, server):
+    page.goto(f"{server}/study/mock-interview/")
+    page.wait_for_selector(".kb-start")
+    _, area = _pushback_card(page)
+    for box in page.locator(".kb-area-choices input").all():  # only the area of a page with a push-back
+        box.set_checked(box.get_attribute("value") == area)
+    page.click(".kb-start")
+    current = page.locator(".kb-card.is-current")
+    for _ in range(200):  # questions are drawn at random from the area: draw until one has its push-back
+        if current.locator(".kb-card__push").count():
+            break
+        page.click(".kb-stage > .kb-next")
+    assert current.locator(".kb-card__push").count(), "no question with a push-back drawn in 200 tries"
+    back, push, wrong = (current.locator(c) for c in (".kb-card__back", ".kb-card__push", ".kb-card__wrong"))
+    assert not back.is_visible() and not page.locator(".kb-push").is_visible()
+    page.click(".kb-reveal")  # step 1: the crisp answer only
+    assert back.is_visible() and not push.is_visible()
+    assert not wrong.count() or not wrong.is_visible()
+    assert page.locator(".kb-grade[data-grade='2']").is_visible()
+    page.click(".kb-push")  # step 2: the push-back and the common wrong answers
+    assert push.is_visible()
+    if wrong.count():
+        assert wrong.is_visible() and wrong.locator(".kb-label").inner_text().strip().lower() == "common wrong answers"
+    page.wait_for_function(KATEX_DONE, timeout=15_000)
+    push.evaluate("e => window.scrollTo(0, e.getBoundingClientRect().top + window.scrollY - 200)")
+    _shot(page, "mock-interview-pushback")
+    page.click(".kb-notes")
+    page.keyboard.press("p")  # typing notes: p is a letter, not the key
+    assert push.is_visible() and page.input_value(".kb-notes").endswith("p")
+    page.click(".kb-timer")
+    page.keyboard.press("p")
+    assert not push.is_visible()
+    page.click(".kb-grade[data-grade='3']")
+    assert page.inner_text(".kb-round").endswith("2")
+
+
 def test_cheat_sheet_pdf_downloads_and_has_pages(page, server, tmp_path):
     page.goto(f"{server}/study/cheat-sheet/")
     page.wait_for_function(KATEX_DONE, timeout=15_000)
     _shot(page, "cheat-sheet")
     assert page.locator(".cheat-area").count() >= 6
+    assert page.locator(".cheat-area", has_text="If they push back").count() == 0  # crisp answers only
     with page.expect_download() as d:
         page.click("a[href$='cheat-sheet.pdf']")
     path = tmp_path / "cheat-sheet.pdf"

@@ -109,7 +109,7 @@ def on_files(files: Files, config) -> Files:
     apkg = BUILD / "site-extra" / "study" / "transformer-proofs.apkg"
     plain = lambda text, uri: MD_PLAIN_LINK.sub(  # noqa: E731
         r"\1", _render_values(_evidence_links(text, uri), uri, _pages[uri].get("proofs") or []))
-    study.anki_deck(_questions, plain, apkg)
+    study.anki_deck(_questions, plain, apkg, config.get("site_url"))
     files.append(File.generated(config, "study/transformer-proofs.apkg", abs_src_path=str(apkg)))
     _built["anki"] = "study/transformer-proofs.apkg"
     if PDF.exists():
@@ -290,11 +290,13 @@ MD_PLAIN_LINK = re.compile(r"\[([^\]]+)\]\((?!https?:)[^)\s]+\)")  # a relative 
 
 
 def _moved(text: str, from_uri: str, page) -> str:
-    """Rewrite relative .md links of text written in from_uri so they work inside `page`."""
+    """Rewrite relative .md links of text written in from_uri so they work inside `page`; a bare `#anchor` (a
+    push-back pointing at a section of its own page) becomes a link to that section of from_uri."""
     def fix(m: re.Match) -> str:
         target = posixpath.normpath(posixpath.join(posixpath.dirname(from_uri), m[1]))
         return f"]({_rel(page, target)}{m[2] or ''})"
 
+    text = re.sub(r"\]\((#[^)\s]+)\)", lambda m: f"]({posixpath.basename(from_uri)}{m[1]})", text)
     return MD_LINK.sub(fix, text)
 
 

@@ -4,12 +4,14 @@ Imported by the `evidence` hook (not a hook itself). Everything here reads the q
 matter and Markdown: a new page joins the cheat sheet, the flashcards, the mock interview, the Anki deck,
 the tags and the notebook downloads without any hand edit.
 
-    Question        one question page: titles (en, zh), area, difficulty, 30-second answers, follow-ups,
-                    common wrong answers, proofs
-    cheatsheet()    every 30-second answer with its verdicts, one section per area (a page break each in print)
+    Question        one question page: titles (en, zh), area, difficulty, 30-second answers, push-back boxes
+                    ("If they push back" / "如果面试官追问"), follow-ups, common wrong answers, proofs
+    cheatsheet()    every 30-second answer with its verdicts, one section per area (a page break each in print);
+                    no push-back: the sheet stays a crisp one-pass review
     deck()          the cards (a page's question, then each follow-up) as hidden blocks for docs/javascripts/study.js,
-                    which runs the flashcards (Leitner boxes in localStorage) and the mock interview
-    anki_deck()     the same cards as an .apkg (genanki)
+                    which runs the flashcards (Leitner boxes in localStorage) and the mock interview; a question's
+                    back is its 30-second answer, its push-back is a separate block one key (p) away
+    anki_deck()     the same cards as an .apkg (genanki); the push-back is a labelled part below the answer
     notebooks()     every proof as an .ipynb (jupytext), for download
     run_box()       the "Run it yourself" box of a page: commands, notebook, coding drills
 """
@@ -25,6 +27,12 @@ from pathlib import Path
 
 THIRTY_EN = re.compile(r'^!!! abstract "The 30-second answer"\n((?:    .*\n|[ \t]*\n)+)', re.M)
 THIRTY_ZH = re.compile(r'^!!! abstract "30 秒回答"\n((?:    .*\n|[ \t]*\n)+)', re.M)
+# The push-back boxes under the 30-second answers: `??? tip "If they push back"`, each probe a paragraph that opens
+# with the bold question, `**"…?"** answer` (Chinese: `**"……？"** ……`, straight or curly quotes).
+PUSHBACK_EN = re.compile(r'^\?\?\?\+? tip "If they push back"\n((?:    .*\n|[ \t]*\n)+)', re.M)
+PUSHBACK_ZH = re.compile(r'^\?\?\?\+? tip "如果面试官追问"\n((?:    .*\n|[ \t]*\n)+)', re.M)
+# a probe's bold question at a line start of the dedented box; it may wrap, but not across a blank line
+PROBE = re.compile(r'^\*\*["“「]?(?:(?!\*\*|\n[ \t]*\n).)+?[?？]["”」]?\*\*', re.M | re.S)
 FOLLOW_UP = re.compile(r'^\?\?\? question "(?P<q>[^"]+)"\n(?P<a>(?:    .*\n|[ \t]*\n)+)', re.M)
 WRONG = re.compile(r"^## Common wrong answers[^\n]*\n(?P<body>.*?)(?=^## |\Z)", re.M | re.S)
 DRILL_PAGE = re.compile(r'^PAGE\s*=\s*"([^"]+)"', re.M)
@@ -48,6 +56,8 @@ class Question:
     asked_often: bool
     answer_en: str  # Markdown of the 30-second answer
     answer_zh: str
+    pushback_en: str = ""  # Markdown of the "If they push back" box ("" when the page has none yet)
+    pushback_zh: str = ""  # Markdown of the "如果面试官追问" box
     follow_ups: list[tuple[str, str]] = field(default_factory=list)  # (question, answer Markdown)
     wrong: str = ""  # Markdown of the "Common wrong answers" section
     claims: dict = field(default_factory=dict)
@@ -56,12 +66,14 @@ class Question:
 
 def question(uri: str, meta: dict, body: str, area_titles: dict) -> Question:
     en, zh, wrong = THIRTY_EN.search(body), THIRTY_ZH.search(body), WRONG.search(body)
+    pb_en, pb_zh = PUSHBACK_EN.search(body), PUSHBACK_ZH.search(body)
     area = uri.split("/")[0]
     return Question(
         uri=uri, title=meta.get("title", uri), title_zh=meta.get("title_zh", ""), area=area,
         area_title=area_titles.get(area, area.capitalize()), difficulty=meta.get("difficulty", ""),
         asked_often=bool(meta.get("asked_often")), answer_en=dedent(en[1]) if en else "",
-        answer_zh=dedent(zh[1]) if zh else "", follow_ups=[(m["q"], dedent(m["a"])) for m in FOLLOW_UP.finditer(body)],
+        answer_zh=dedent(zh[1]) if zh else "", pushback_en=dedent(pb_en[1]) if pb_en else "",
+        pushback_zh=dedent(pb_zh[1]) if pb_zh else "", follow_ups=[(m["q"], dedent(m["a"])) for m in FOLLOW_UP.finditer(body)],
         wrong=wrong["body"].strip() if wrong else "", claims=meta.get("claims", {}), proofs=meta.get("proofs", []),
     )
 
@@ -94,6 +106,11 @@ def by_area(questions: list[Question]) -> dict[str, list[Question]]:
     for q in questions:
         areas.setdefault(q.area, []).append(q)
     return areas
+
+
+def probes(pushback: str) -> list[str]:
+    """The bold questions of a push-back box's Markdown (dedented), in order."""
+    return PROBE.findall(pushback)
 
 
 def card_id(uri: str, follow_up: str | None = None) -> str:
@@ -161,11 +178,16 @@ def deck(questions: list[Question], link, copied, verdicts, mode: str) -> str:
             _block("kb-card__front", f"**{q.title}**"),
             _block("kb-card__back", f"{copied(q.answer_en, q.uri)}\n\n{verdicts(q)}\n\n{see}"),
         ]
+        if q.pushback_en:  # shown below the back by the "If they push back" button (key p)
+            parts.append(_block("kb-card__push", f'<p class="kb-label">If they push back</p>\n\n{copied(q.pushback_en, q.uri)}'))
         if q.title_zh and q.answer_zh:
             parts += [_block("kb-card__front-zh", f"**{q.title_zh}**", "zh"),
                       _block("kb-card__back-zh", f"{copied(q.answer_zh, q.uri)}\n\n{verdicts(q)}\n\n{zh_see}", "zh")]
-        if q.wrong:
-            parts.append(_block("kb-card__wrong", copied(q.wrong, q.uri)))
+            if q.pushback_zh:
+                parts.append(_block("kb-card__push-zh",
+                                    f'<p class="kb-label">如果面试官追问</p>\n\n{copied(q.pushback_zh, q.uri)}', "zh"))
+        if q.wrong:  # the mock interview's second step, with the push-back
+            parts.append(_block("kb-card__wrong", f'<p class="kb-label">Common wrong answers</p>\n\n{copied(q.wrong, q.uri)}'))
         cards.append(f'<div class="kb-card" data-id="{html.escape(card_id(q.uri))}" data-area="{q.area}" '
                      f'data-kind="question" data-difficulty="{q.difficulty}" markdown>\n\n' + "\n\n".join(parts) + "\n\n</div>")
         if mode == "mock":
@@ -189,8 +211,19 @@ def deck(questions: list[Question], link, copied, verdicts, mode: str) -> str:
 ANKI_MODEL_ID, ANKI_DECK_ID = 1607392319, 2059400110  # fixed: re-imports update the same deck
 
 
-def anki_deck(questions: list[Question], copied_plain, out: Path) -> int:
-    """Write the cards as an Anki package; returns the number of notes. Math stays \\( \\) for Anki's MathJax."""
+def anki_verdicts(q: Question) -> str:
+    """The claims and verdicts of a question as plain HTML (Anki has not the site's stylesheet)."""
+    icon = {"confirmed": "✅", "nuanced": "⚖️", "refuted": "❌"}
+    return " · ".join(f"<code>{html.escape(c)}</code> {icon.get(v, '')} {html.escape(str(v))}" for c, v in q.claims.items())
+
+
+def anki_deck(questions: list[Question], copied_plain, out: Path, site_url: str | None = None) -> int:
+    """Write the cards as an Anki package; returns the number of notes. Math stays \\( \\) for Anki's MathJax.
+
+    A question's Back holds its 30-second answers (English, then Chinese) and its verdicts; the push-back boxes
+    follow in a separate part under their own heading, so the answer itself stays short. The note type keeps its
+    three fields (a changed field list would clash with decks already imported). Page names the question page,
+    as a link when mkdocs.yml has a site_url."""
     import genanki
     import markdown as md
 
@@ -205,10 +238,20 @@ def anki_deck(questions: list[Question], copied_plain, out: Path) -> int:
     deck_ = genanki.Deck(ANKI_DECK_ID, "Transformer answers you can run")
     n = 0
     for q in questions:
-        page = f"Proof: docs/{q.uri}"
+        if site_url:
+            href = html.escape(site_url.rstrip("/") + "/" + q.uri.removesuffix(".md") + "/")
+            page = f'Derivation and proof: <a href="{href}">{html.escape(q.title)}</a> (docs/{q.uri})'
+        else:
+            page = f"Derivation and proof: docs/{q.uri}"
         front = f"<b>{html.escape(q.title)}</b>" + (f"<br>{html.escape(q.title_zh)}" if q.title_zh else "")
         back = to_html(copied_plain(q.answer_en, q.uri)) + (
             "<hr>" + to_html(copied_plain(q.answer_zh, q.uri)) if q.answer_zh else "")
+        back += f"<p style='font-size:small'>{anki_verdicts(q)}</p>"
+        push = [(label, text) for label, text in (("If they push back", q.pushback_en), ("如果面试官追问", q.pushback_zh))
+                if text]
+        if push:
+            back += "<div class='pushback' style='border-top:2px dashed #999;margin-top:1em;font-size:90%'>" + "".join(
+                f"<h4>{label}</h4>{to_html(copied_plain(text, q.uri))}" for label, text in push) + "</div>"
         deck_.add_note(genanki.Note(model=model, fields=[front, back, page], guid=genanki.guid_for(card_id(q.uri)),
                                     tags=[q.area]))
         n += 1

@@ -4,6 +4,10 @@
 // Leitner boxes: a new card starts in box 1. "Again" sends a card back to box 1, due in a minute; "Hard" keeps
 // its box, due in half its interval; "Easy" moves it up one box, due after that box's interval (so a new card
 // answered "easy" comes back in a day). A card is "learned" from box 2 on.
+//
+// A question card's back is its 30-second answer; its push-back ("If they push back", the probes an interviewer
+// follows up with) is a separate block one key away (p, or the button). The mock interview reveals in two steps:
+// the 30-second answer, then the push-back with the common wrong answers.
 (function () {
   "use strict";
   var KEY = "kb-study-v1";
@@ -14,12 +18,14 @@
           next: "Next ▶", shuffle: "Shuffle", reset: "Reset progress", due: "due", learned: "learned", cards: "cards",
           empty: "Nothing is due in this deck. Come back later, or pick another deck.", start: "Start the interview",
           seconds: "Seconds per question", answer: "Your answer (optional, stays in this tab)", timeup: "Time is up.",
-          question: "Question", lang: "中文", areas: "Areas", newq: "Next question", confirmReset: "Forget all progress?" },
+          question: "Question", lang: "中文", areas: "Areas", newq: "Next question", confirmReset: "Forget all progress?",
+          push: "If they push back (p)", pushMock: "If they push back + wrong answers (p)" },
     zh: { show: "显示答案（空格）", again: "忘记了 (1)", hard: "有点难 (2)", easy: "很简单 (3)", prev: "◀ 上一张",
           next: "下一张 ▶", shuffle: "打乱顺序", reset: "清除进度", due: "待复习", learned: "已掌握", cards: "张卡片",
           empty: "这个卡组暂时没有要复习的卡片。稍后再来，或者换一个卡组。", start: "开始模拟面试",
           seconds: "每题秒数", answer: "你的回答（可选，只保存在本页）", timeup: "时间到。",
-          question: "第", lang: "English", areas: "范围", newq: "下一题", confirmReset: "清除全部进度？" },
+          question: "第", lang: "English", areas: "范围", newq: "下一题", confirmReset: "清除全部进度？",
+          push: "如果面试官追问 (p)", pushMock: "面试官追问与常见错误 (p)" },
   };
 
   function load() {
@@ -61,7 +67,10 @@
       ? app.nextElementSibling : document.querySelector(".kb-deck");
     var mode = app.dataset.mode;
     var cards = Array.prototype.slice.call(deckEl.querySelectorAll(".kb-card"));
-    cards.forEach(function (c) { if (c.querySelector(".kb-card__front-zh")) c.classList.add("has-zh"); });
+    cards.forEach(function (c) {
+      if (c.querySelector(".kb-card__front-zh")) c.classList.add("has-zh");
+      if (c.querySelector(".kb-card__push-zh")) c.classList.add("has-push-zh");
+    });
     deckEl.dataset.mode = mode;
     var store = load();
     var select = app.querySelector(".kb-areas");
@@ -85,15 +94,25 @@
       app.querySelectorAll("[data-t]").forEach(function (b) { b.textContent = t(b.dataset.t); });
     }
     langBtn.addEventListener("click", function () {
+      var c = current(), revealed = state.revealed, pushed = !!c && c.classList.contains("is-pushed");
       store = load(); store.lang = store.lang === "zh" ? "en" : "zh"; save(store); applyLang(); render();
+      if (revealed) reveal(); // the same card, in the other language, as far as it was opened
+      if (pushed) setPush(true);
     });
 
     function button(key, cls) { var b = el("button", { class: "md-button " + cls, type: "button", "data-t": key }); return b; }
 
+    // the second step: the push-back (and, in the mock interview, the common wrong answers)
+    function hasPush(card) {
+      return !!card && !!card.querySelector(mode === "mock" ? ".kb-card__push, .kb-card__wrong" : ".kb-card__push");
+    }
+
     function show(card) {
-      cards.forEach(function (c) { c.classList.remove("is-current", "is-revealed"); });
+      cards.forEach(function (c) { c.classList.remove("is-current", "is-revealed", "is-pushed"); });
       state.revealed = false;
       if (card) card.classList.add("is-current");
+      controls.classList.toggle("has-push", hasPush(card));
+      pushBtn.setAttribute("aria-expanded", "false");
     }
 
     function reveal() {
@@ -104,6 +123,20 @@
       controls.classList.add("is-revealed");
       if (state.timer) { clearInterval(state.timer); state.timer = null; }
     }
+
+    function setPush(on) {
+      var c = current();
+      if (!hasPush(c)) return;
+      if (on && !state.revealed) reveal(); // p on a hidden answer shows the answer and its push-back together
+      c.classList.toggle("is-pushed", on);
+      pushBtn.setAttribute("aria-expanded", on ? "true" : "false");
+      if (on) { // bring what just opened into view (it opens below the answer, often under the fold)
+        var shown = Array.prototype.filter.call(c.querySelectorAll(".kb-card__push, .kb-card__push-zh, .kb-card__wrong"),
+          function (b) { return b.offsetParent !== null; })[0];
+        if (shown && shown.scrollIntoView) shown.scrollIntoView({ block: "nearest" });
+      }
+    }
+    function togglePush() { var c = current(); if (c) setPush(!c.classList.contains("is-pushed")); }
 
     function counts() {
       var now = Date.now(), deck = cards.filter(inDeck);
@@ -121,8 +154,12 @@
       b.addEventListener("click", function () { doGrade(g); });
       return b;
     });
+    var pushBtn = button(mode === "mock" ? "pushMock" : "push", "kb-push");
+    pushBtn.setAttribute("aria-expanded", "false");
+    pushBtn.addEventListener("click", togglePush);
     revealBtn.addEventListener("click", reveal);
     controls.appendChild(revealBtn);
+    controls.appendChild(pushBtn);
     grades.forEach(function (b) { controls.appendChild(b); });
 
     function doGrade(g) {
@@ -192,6 +229,10 @@
         else if (e.key === "ArrowRight") move(1);
         else if (e.key === "ArrowLeft") move(-1);
         else if (e.key === "1" || e.key === "2" || e.key === "3") doGrade(Number(e.key));
+        else if ((e.key === "p" || e.key === "P") && !e.ctrlKey && !e.metaKey && !e.altKey) {
+          e.preventDefault(); e.stopPropagation(); // Material's own "p" (previous page) listens on window
+          togglePush();
+        }
       });
       applyLang();
       build();
@@ -262,6 +303,11 @@
       progress.textContent = n.due + " " + t("due") + " · " + n.learned + " " + t("learned") + " · " + n.total + " " + t("cards");
     }
     start.addEventListener("click", function () { settings.hidden = true; stage.hidden = false; nextQuestion(); });
+    document.addEventListener("keydown", function (e) {
+      if (!document.body.contains(app) || stage.hidden || e.ctrlKey || e.metaKey || e.altKey) return;
+      if (/INPUT|TEXTAREA|SELECT/.test((e.target || {}).tagName || "")) return; // typing notes
+      if (e.key === "p" || e.key === "P") { e.preventDefault(); e.stopPropagation(); togglePush(); }
+    });
     applyLang();
     render();
   }
