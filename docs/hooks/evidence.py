@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 from proofs import evidence as E  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import scale_box  # noqa: E402  (docs/hooks/scale_box.py: the "At scale" boxes, from bench/at_scale/)
 import study  # noqa: E402  (docs/hooks/study.py: the study material, built from the same pages)
 
 log = logging.getLogger("mkdocs.hooks.evidence")
@@ -392,6 +393,10 @@ def on_page_markdown(markdown: str, page, config, files):
     if "<!-- ledger -->" in markdown:
         markdown = markdown.replace("<!-- ledger -->", _ledger(page))
     markdown = _study(markdown, page)
+    try:
+        markdown = scale_box.render(markdown, lambda uri: _rel(page, uri))
+    except ValueError as e:
+        raise PluginError(f"{page.file.src_uri}: {e}") from e
     if not meta.get("claims"):
         return markdown
     where = page.file.src_uri
