@@ -442,8 +442,6 @@ def main(argv: list[str] | None = None) -> int:
         i, n = map(int, ij.split("/"))
         worker(p, todo, int(steps), device, Path(path), i)
         return 0
-    if device == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // p.workers))
     out = a.out or ((CACHE if p.name == "tiny" else RECORDS) / f"{p.name}.json")
     ident, _ = load_data(p, "cpu")
     lines = CACHE / f"{p.name}.runs.jsonl"
