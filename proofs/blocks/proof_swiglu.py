@@ -38,7 +38,8 @@ SWIGLU = dict(ffn_gated=True, activation="silu", d_ff=8 * D // 3)  # width 8/3·
 # A ReLU FFN of width 4d has two d×4d matrices: 8d² weights. SwiGLU has three (W1, V, W2); at width
 # 8/3·d that is 3·d·(8/3)d = 8d² again. The forward matrix products cost 2 FLOPs per weight per token in
 # both. `FlopCounterMode` counts the matrix products; a small dispatch counter adds up the elements that
-# every other operator writes (the activation, the gate's product), the part that is not a matmul.
+# every other operator writes (the activation, the gate's product), the part that is not a matmul. A
+# saved-tensor hook counts what autograd keeps for the backward pass, a training cost the two others miss.
 
 # %%
 # --8<-- [start:count]
@@ -72,6 +73,24 @@ def ffn_cost(tokens: int = 256, d: int = D, bias: bool = False, **switches) -> d
 
 def model_params(**switches) -> int:
     return sum(p.numel() for p in DecoderLM(block_cfg(**switches)).parameters())
+
+
+def saved_for_backward(tokens: int = 256, d: int = D, **switches) -> int:
+    """Elements of the activations that autograd keeps from one FFN forward pass for the backward pass (each
+    storage counted once, the weights left out): the training-memory cost that parameters and FLOPs do not show."""
+    ffn = FeedForward(block_cfg(d_model=d, **switches))
+    weights = {p.untyped_storage().data_ptr() for p in ffn.parameters()}
+    kept = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in weights:
+            kept[ptr] = t.untyped_storage().nbytes() // t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        ffn(torch.randn(tokens, d, requires_grad=True))
+    return sum(kept.values())
 # --8<-- [end:count]
 
 
@@ -147,10 +166,12 @@ def slope_jump_at_zero(activation: str, eps: float = 1e-4) -> float:
 # ## 3. Dead units after a high-learning-rate run
 #
 # A ReLU unit whose pre-activation x·w₁ is ≤ 0 for every input outputs 0 and gets gradient 0: nothing
-# moves its weights back. We train the toy LM once at the section's lr (5e-3) and once at 20 times it
-# (0.1, pushed there to make dying visible: at lr 5e-3 there is nothing to count), and probe every FFN
-# unit of both layers on 4096 held-out tokens. For each unit we take the largest |slope| of its activation
-# over those tokens. The same count serves all three activations: a unit is dead when that largest slope
+# moves its weights back. We train the toy LM at the section's lr (5e-3) and at 20 times it (0.1, pushed
+# there to make dying visible: at lr 5e-3 there is nothing to count), and probe every FFN unit of both
+# layers on 4096 held-out tokens. How many units one run at lr 0.1 loses varies a lot from run to run, so at
+# lr 0.1 we train five models per activation and pool their 1920 units; at lr 5e-3 one model (384 units) is
+# enough, because no run of the seed sweep lost a unit there. For each unit we take the largest |slope| of
+# its activation over those tokens. The same count serves all three activations: a unit is dead when that largest slope
 # is below DEAD_SLOPE = 1e-6. Why 1e-6: a live unit's slope is of order 1 (ReLU's is 1, GELU's and SiLU's
 # 0.5 at 0), so a dead unit passes at most a millionth of a live unit's gradient to its weights on any
 # token. We check that on the trained model, from the gradient of the probe loss on each unit's row of
@@ -162,6 +183,7 @@ def slope_jump_at_zero(activation: str, eps: float = 1e-4) -> float:
 # --8<-- [start:dead]
 HIGH_LR = 0.1
 DEAD_SLOPE = 1e-6  # a unit is dead when its largest |slope| on the probe tokens is below this (reason above)
+INITS = (0, 1000, 2000, 3000, 4000)  # five trained models per arm: seed, seed + 1000, ... (nearby seeds share none)
 
 
 @torch.no_grad()
@@ -185,7 +207,9 @@ def w1_gradients(model: DecoderLM, ids: torch.Tensor, targets: torch.Tensor) -> 
     return out
 
 
-def dead_units(seed: int, activation: str, lr: float) -> dict:
+def probe_units(seed: int, activation: str, lr: float) -> dict:
+    """Every FFN unit of one trained model, probed on 4096 held-out tokens: its largest |slope|, whether it is never
+    positive, and its W1-row gradient over the median of the live units' (so that runs can be pooled)."""
     switches = {} if activation == "relu" else {"activation": activation}  # ReLU is the baseline: reuse its run
     run = lm_run(seed, lr=lr, **switches)
     model = run["model"]
@@ -193,17 +217,27 @@ def dead_units(seed: int, activation: str, lr: float) -> dict:
     z = pre_activations(model, ids).requires_grad_(True)
     ACTIVATIONS[activation]()(z).sum().backward()  # z.grad = the activation's slope at every (token, unit)
     slope = z.grad.abs().max(0).values  # largest |slope| each unit ever has
-    never_positive = (z <= 0).all(0)
-    dead = slope < DEAD_SLOPE
     grad = w1_gradients(model, ids, targets)
-    live_median = grad[~dead].median().item()
+    return {"slope": slope, "never_positive": (z <= 0).all(0),
+            "grad": grad / grad[slope >= DEAD_SLOPE].median(), "held_out": run["held_out"]}
+
+
+def dead_units(seed: int, activation: str, lr: float, inits: tuple[int, ...] = INITS) -> dict:
+    """The units of the models trained from `seed` + inits, pooled (5 × 384 units by default): shares of units never
+    positive, dead (largest |slope| < DEAD_SLOPE), dead at other thresholds, with a slope of exactly 0, and of the
+    never-positive units that are dead; the largest W1-row gradient of a dead unit over the live median."""
+    runs = [probe_units(seed + i, activation, lr) for i in inits]
+    slope, never_positive, grad = (torch.cat([r[k] for r in runs]) for k in ("slope", "never_positive", "grad"))
+    dead = slope < DEAD_SLOPE
+    per_run = [r["slope"][r["never_positive"]] < DEAD_SLOPE for r in runs]
     return {"never_positive": never_positive.float().mean().item(),
             "dead": dead.float().mean().item(),
             "dead_at": {t: (slope < t).float().mean().item() for t in (1e-4, 1e-8)},
             "exact_zero": (slope == 0).float().mean().item(),
             "dead_among_never_positive": dead[never_positive].float().mean().item() if never_positive.any() else 0.0,
-            "dead_grad_vs_live": grad[dead].max().item() / live_median if dead.any() else 0.0,
-            "held_out": run["held_out"]}
+            "dead_among_never_positive_per_run": [d.float().mean().item() if len(d) else 0.0 for d in per_run],
+            "dead_grad_vs_live": grad[dead].max().item() if dead.any() else 0.0,
+            "held_out": sum(r["held_out"] for r in runs) / len(runs), "units": len(slope)}
 # --8<-- [end:dead]
 
 
@@ -227,7 +261,8 @@ import pytest  # noqa: E402
 @pytest.mark.claim("C-GLU-1", "confirmed")
 def test_swiglu_at_8_3_d_has_the_parameters_and_flops_of_relu_at_4d(ev, seed):
     """A count of our module: SwiGLU at width 8/3·d has exactly the weights and matmul FLOPs of the ReLU FFN at 4d
-    (8d², 16d² per token); at the same width it has 1.5 times more. Would be refuted if the counts differed."""
+    (8d², 16d² per token); at the same width it has 1.5 times more. Would be refuted if the counts differed. Also
+    counted: the activations autograd keeps for the backward pass, where SwiGLU at 8/3·d keeps more than ReLU at 4d."""
     relu, swiglu = ffn_cost(activation="relu"), ffn_cost(**SWIGLU)
     same_width = ffn_cost(ffn_gated=True, activation="silu")  # SwiGLU at 4d
     ev.record(f"weights, ReLU FFN d→4d→d (d = {D})", relu["params"], expect=f"8d² = {8 * D * D}")
@@ -241,9 +276,19 @@ def test_swiglu_at_8_3_d_has_the_parameters_and_flops_of_relu_at_4d(ev, seed):
     ev.record("parameters with biases, ReLU 4d / SwiGLU 8/3·d", with_bias, expect="differ by 4d/3 (bias vectors)")
     lm = [model_params(), model_params(**SWIGLU)]
     ev.record("parameters of the whole toy LM, ReLU 4d / SwiGLU 8/3·d", lm, expect="equal")
+    ratio = [relu["flops"] / relu["elementwise"], swiglu["flops"] / swiglu["elementwise"]]
+    ev.record("matmul FLOPs per non-matmul element, ReLU 4d / SwiGLU 8/3·d", ratio, key=False,
+              expect="about 2d / (elementwise ops per hidden unit): grows with d")
+    kept = [saved_for_backward(activation="relu"), saved_for_backward(**SWIGLU)]
+    ev.record("activation elements kept for backward per token, ReLU 4d / SwiGLU 8/3·d (PyTorch autograd)",
+              [k / 256 for k in kept], expect="ReLU d + 4d = 5d; SwiGLU d + 4·(8/3)d ≈ 11.7d")
+    ev.record("same, in units of d", [k / 256 / D for k in kept], key=False)
     assert relu["params"] == swiglu["params"] == 8 * D * D and same_width["params"] == 12 * D * D
     assert relu["flops"] == swiglu["flops"] == 16 * D * D * 256
     assert with_bias[1] - with_bias[0] == 4 * D // 3 and lm[0] == lm[1]
+    # what autograd keeps: ReLU keeps x (d) and its output (4d, shared with lin2's input); SwiGLU keeps x, x·W, SiLU's
+    # output, the gate x·V and their product (4 × 8/3·d). Exact counts of this module, not statistics
+    assert kept == [256 * 5 * D, 256 * (D + 4 * (8 * D // 3))]
 # --8<-- [end:test_count]
 
 
@@ -283,8 +328,9 @@ def test_swiglu_beats_relu_on_the_toy_lm_at_equal_parameters(ev, seed):
 @pytest.mark.claim("C-GLU-1", "confirmed")
 def test_gelu_and_silu_without_the_gate_on_the_toy_lm(ev, seed):
     """The same toy LM with the ungated FFN at 4d and GELU or SiLU instead of ReLU: what the activation alone does,
-    next to the gate. Recorded and bounded, not claimed better: the assertion only checks that neither is far from
-    ReLU, against the gated arm's gain."""
+    next to the gate. Not claimed better or worse: the assertions check that neither is far from ReLU, and that the
+    larger of the two activation effects is well below the gate's effect on the same seeds. Would be refuted if
+    changing only the activation moved the loss about as much as adding the gate."""
     seeds = [seed, seed + 1]
     out = {}
     for act in ("gelu", "silu"):
@@ -294,23 +340,31 @@ def test_gelu_and_silu_without_the_gate_on_the_toy_lm(ev, seed):
         out[act] = p["mean_diff"]
     gated = paired(seeds, SWIGLU)["mean_diff"]
     ev.record("SwiGLU − ReLU, same seeds (for comparison)", gated, key=False)
+    share = max(abs(v) for v in out.values()) / abs(gated)
+    ev.record("largest |activation − ReLU| / |SwiGLU − ReLU|, same seeds", share,
+              expect="well below 1: the gate does more")
     # over seeds 100-139: GELU − ReLU was -0.025 ± 0.013 (min -0.059), SiLU − ReLU +0.030 ± 0.015 (max 0.066),
-    # SwiGLU − ReLU -0.182 ± 0.025 on the same seeds; |bound| 0.1 is beyond 4 SD of both activation effects
+    # SwiGLU − ReLU -0.182 ± 0.025 on the same seeds; |bound| 0.1 is beyond 4 SD of both activation effects. The
+    # larger activation effect over the gate's: 0.214 ± 0.070 (max 0.42); the bound 0.5 is 4.1 SD above the mean
     assert all(abs(v) < 0.1 for v in out.values())
+    assert share < 0.5
 
 
 # --8<-- [start:test_dead]
 @pytest.mark.claim("C-ACT-1", "nuanced")
 def test_units_switch_off_at_a_high_learning_rate(ev, seed):
-    """At lr 0.1 a share of ReLU units is never positive on 4096 held-out tokens: dead, with a slope of exactly 0;
-    at the section's lr 5e-3 almost none (at most a unit or two of 384). GELU and SiLU units are pushed below 0
-    as often. Counted the same way for all three (largest |slope| over the tokens below 1e-6), GELU loses units
-    too. Of the units pushed below zero, a larger share is dead for GELU than for SiLU: GELU's slope decays like
-    e^(−z²/2), SiLU's like e^(−|z|), so a SiLU unit must be pushed much further down before its slope is
-    negligible. Would be refuted if ReLU lost no units at lr 0.1 (or as many at 5e-3), if GELU lost none at lr 0.1,
-    or if the share of never-positive units that are dead were as large for SiLU as for GELU."""
+    """At lr 0.1 five models per activation, units pooled (one model at lr 5e-3). At lr 0.1 a share of ReLU units is
+    never positive on 4096 held-out tokens: dead, with a slope of exactly 0; at the section's lr 5e-3 almost none.
+    GELU and SiLU units are pushed below 0 at least as often. Counted the same way for all three (largest |slope|
+    over the tokens below 1e-6), GELU loses units too. Of the units pushed below zero, a larger share is dead for
+    GELU than for SiLU: GELU's slope decays like e^(−z²/2), SiLU's like e^(−|z|), so a SiLU unit must be pushed much
+    further down before its slope is negligible. Would be refuted if ReLU lost no units at lr 0.1 (or as many at
+    5e-3), if GELU lost none at lr 0.1, or if the share of never-positive units that are dead were as large for
+    SiLU as for GELU."""
     high = {a: dead_units(seed, a, HIGH_LR) for a in ("relu", "gelu", "silu")}
-    low = {a: dead_units(seed, a, 5e-3) for a in ("relu", "gelu", "silu")}
+    low = {a: dead_units(seed, a, 5e-3, inits=(0,)) for a in ("relu", "gelu", "silu")}  # one model: see below
+    ev.record("FFN units probed per activation, lr 0.1 / lr 5e-3 (2 layers × 192 per model)",
+              [high["relu"]["units"], low["relu"]["units"]], key=False)
     for a in ("relu", "gelu", "silu"):
         ev.record(f"share of units never positive, {a.upper()}, lr 0.1 / lr 5e-3",
                   [high[a]["never_positive"], low[a]["never_positive"]])
@@ -321,31 +375,40 @@ def test_units_switch_off_at_a_high_learning_rate(ev, seed):
                   [high[a]["dead_at"][1e-4], high[a]["dead_at"][1e-8]], key=False)
         ev.record(f"largest W1-row gradient of a dead unit / median of the live units, {a.upper()}, lr 0.1",
                   high[a]["dead_grad_vs_live"], expect="≪ 1 (0 for ReLU)", key=False)
-        ev.record(f"held-out loss, {a.upper()}, lr 0.1 / lr 5e-3", [high[a]["held_out"], low[a]["held_out"]], key=False)
+        ev.record(f"held-out loss, {a.upper()}, lr 0.1 (mean of 5) / lr 5e-3",
+                  [high[a]["held_out"], low[a]["held_out"]], key=False)
         ev.record(f"share of units never positive at lr 0.1, {a.upper()}", high[a]["never_positive"], key=False)
         ev.record(f"share of units never positive at lr 5e-3, {a.upper()}", low[a]["never_positive"], key=False)
+        ev.record(f"share of units dead at lr 0.1, {a.upper()}", high[a]["dead"], key=False)
     ev.record("share of units with slope exactly 0 on every token, ReLU, lr 0.1", high["relu"]["exact_zero"],
               expect="= never positive")
     ev.record("share of the never-positive units that are dead, GELU / SiLU, lr 0.1",
               [high["gelu"]["dead_among_never_positive"], high["silu"]["dead_among_never_positive"]],
               expect="GELU more than SiLU")
-    # Over seeds 100-139 (384 units; shares at lr 0.1): never positive ReLU 0.22 ± 0.09 (min 0.049), GELU
-    # 0.29 ± 0.13 (min 0.15), SiLU 0.33 ± 0.13 (min 0.029); at lr 5e-3 0 for all three on every seed (one ReLU
-    # unit of 384 on one seed of an earlier 20-seed sweep, so the low-lr bound is "a few"). Dead (< 1e-6): ReLU =
-    # never positive; GELU 0.19 ± 0.12 (min 0.029, 11 units); SiLU 0.033 ± 0.055 (min 0, max 0.28). GELU lost
-    # more units than SiLU on 38 of 40 seeds, so that is recorded, not asserted. Asserted instead, per run: the
-    # share of never-positive units that are dead, GELU 0.60 ± 0.16 (min 0.16), SiLU 0.080 ± 0.11 (max 0.52),
-    # paired difference 0.52 ± 0.18, min 0.072, never <= 0: the bound 0 is the claim itself, 2.9 SD below the
-    # mean. Shares are skewed counts, so the other bounds are existence claims (at least one unit, observed at
-    # least 11), not tuned margins. Largest W1-row gradient of a dead unit / median live unit: GELU max 5.5e-7,
-    # SiLU max 1.9e-5, so 1e-3 is 50 times above the worst seed.
+    margin = high["gelu"]["dead_among_never_positive"] - high["silu"]["dead_among_never_positive"]
+    ev.record("share of the never-positive units that are dead, GELU − SiLU, lr 0.1", margin, key=False, expect="> 0")
+    for a in ("gelu", "silu"):
+        ev.record(f"share of the never-positive units that are dead, {a.upper()}, each of the 5 models",
+                  high[a]["dead_among_never_positive_per_run"], key=False)
+    ev.record("share of units dead, GELU − SiLU, lr 0.1", high["gelu"]["dead"] - high["silu"]["dead"], key=False,
+              expect="> 0 (recorded, not asserted)")
+    # Over seeds 100-139 (five models per activation at lr 0.1, 1920 units pooled; one model, 384 units, at lr 5e-3):
+    # never positive at lr 0.1 ReLU 0.213 ± 0.034 (min 0.154), GELU 0.278 ± 0.047 (min 0.167), SiLU 0.325 ± 0.060
+    # (min 0.184), 6.3 / 5.9 / 5.4 SD above the lr-5e-3 shares, which were 0 on every seed (bound 0.02: one ReLU unit
+    # of 384 on one seed of an earlier sweep). Dead (< 1e-6): ReLU = never positive = slope exactly 0; GELU 0.171 ±
+    # 0.043 (min 0.076, 146 units), 4.0 SD above the bound 0; SiLU 0.029 ± 0.020 (max 0.105; 0 on one seed). The
+    # share of the never-positive units that are dead, GELU − SiLU: 0.520 ± 0.079 (min 0.387), 6.6 SD above 0. With
+    # one model per activation it was 0.52 ± 0.18 (min 0.072, 2.9 SD): pooling five models is what buys the margin.
+    # GELU lost more units than SiLU on all 40 seeds, but that difference, 0.14 ± 0.044 (min 0.061), is 3.2 SD from
+    # 0, so it is recorded, not asserted. Largest W1-row gradient of a dead unit / median live unit: GELU max 1.7e-6,
+    # SiLU max 3.9e-5, 26 times below the bound 1e-3.
     for a in ("relu", "gelu", "silu"):
         assert high[a]["never_positive"] > low[a]["never_positive"] and low[a]["never_positive"] < 0.02
         assert low[a]["dead"] < 0.02
     # ReLU's exact zero, its own fact: never positive = slope exactly 0 = dead
     assert high["relu"]["exact_zero"] == high["relu"]["never_positive"] == high["relu"]["dead"]
     assert high["gelu"]["dead"] > 0
-    assert high["gelu"]["dead_among_never_positive"] > high["silu"]["dead_among_never_positive"]
+    assert margin > 0
     assert all(high[a]["dead_grad_vs_live"] < 1e-3 for a in ("gelu", "silu"))
 # --8<-- [end:test_dead]
 
