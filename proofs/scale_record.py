@@ -72,10 +72,11 @@ COMPARISONS = {
     "gqa": Comparison("inference/gqa-kv-cache.md", "base", "MHA", ("gqa", "mqa"), (("val", LOSS, 0),)),
     "positions": Comparison("relative/extrapolation.md", "base", "sinusoidal", ("rope", "alibi"), (
         ("val_2x_beyond", "loss past the training length, at 2x", -1),
-        ("val_4x_beyond", "loss past the training length, at 4x", -1), ("val", LOSS + " at the training length", None))),
+        ("val_4x_beyond", "loss past the training length, at 4x", -1), ("rise_4x", "rise past 4x over its own loss "
+         "at the training length", -1), ("val", LOSS + " at the training length", None))),
     "label_smoothing": Comparison("training/label-smoothing.md", "base", "ε = 0", ("label_smoothing",), (
         ("val", LOSS, +1), ("confidence", "mean top-1 confidence", -1), ("accuracy", "next-byte accuracy", +1),
-        ("ece", "calibration error (ECE, 15 bins)", -1))),
+        ("ece", "calibration error (ECE, 15 bins)", None))),  # the page: better on noisy labels, worse on clean ones
     "dropout": Comparison("training/dropout.md", "base", "no dropout", ("dropout",), (
         ("val", LOSS, -1), ("gap", "held-out minus training loss", -1))),
 }
@@ -87,14 +88,17 @@ Z_RESOLVED = 3.0  # a difference counts once it is this many standard errors fro
 
 
 def metric(summary: dict, arm: str, key: str) -> dict | None:
-    """mean, sd, n of one measurement of one arm; 'gap' is held-out minus training loss, per seed."""
+    """mean, sd, n of one measurement of one arm; 'gap' is held-out minus training loss and 'rise_4x' the loss past
+    4x the training length minus the loss at it, per seed."""
     s = summary.get(arm)
     if s is None:
         return None
-    if key == "gap":
-        if "val" not in s or "train_eval" not in s:
+    derived = {"gap": ("val", "train_eval"), "rise_4x": ("val_4x_beyond", "val")}  # per seed: first minus second
+    if key in derived:
+        a, b = derived[key]
+        if a not in s or b not in s:
             return None
-        vals = [v - t for v, t in zip(s["val"]["values"], s["train_eval"]["values"])]
+        vals = [x - y for x, y in zip(s[a]["values"], s[b]["values"])]
     elif key in s:
         vals = s[key]["values"]
     else:
