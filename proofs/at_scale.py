@@ -377,11 +377,11 @@ def steps_for(p: Preset, runs: int, per_step: float, left_s: float, eval_s: floa
     return steps
 
 
-def worker(p: Preset, todo: list, steps: int, device: str, lines: Path, index: int = 0) -> None:
+def worker(p: Preset, todo: list, steps: int, device: str, lines: Path, index: int = 0, data: dict | None = None) -> None:
     """Run a share of the plan, appending one JSON line per finished run (partial results survive a timeout).
     steps == 0: first time the baseline's step (while the other workers do the same), write it next to `lines`,
     and wait for the parent to write the number of steps."""
-    _, data = load_data(p, device)
+    data = data or load_data(p, device)[1]
     if not steps:
         (lines.parent / f"{lines.name}.cal{index}").write_text(json.dumps(time_steps(p, data, device)))
         told = lines.parent / f"{lines.name}.steps"
@@ -468,10 +468,10 @@ def main(argv: list[str] | None = None) -> int:
             per_step, eval_s = time_steps(p, data, device)
             steps = steps_for(p, len(todo), per_step, p.budget_s - (time.time() - t_start), eval_s)
         print(f"  {steps} steps per run", flush=True)
-        worker(p, todo, steps, device, lines)
+        worker(p, todo, steps, device, lines, data=data)
     else:
         cmd = [sys.executable, "-m", "proofs.at_scale", "--preset", p.name, "--budget", str(p.budget_s),
-                                                         "--workers", str(p.workers)] + ["--bf16"] * a.bf16
+               "--workers", str(p.workers)] + ["--bf16"] * a.bf16
         procs = [subprocess.Popen(cmd + ["--arms", ",".join(selected), "--worker", f"{i}/{p.workers}:{steps}:{lines}"],
                                   cwd=E.ROOT) for i in range(p.workers)]
         if not steps:

@@ -195,10 +195,10 @@ def verdict(c: dict) -> list[tuple[str, str, str]]:
     for sw, d in row["diffs"].items():
         name = ARM_LABELS.get(sw, sw)
         base = c["base_label"]
-        what = f"{name} − {base}: {d['diff']:+.3f} ({_z(d['z'])}) at {c['steps']} steps"
+        what = f"{name} − {base}: {d['diff']:+.3f} ({z_text(d['z'])}) at {c['steps']} steps"
         longer = d.get("longer")
         if longer:
-            what += f", {longer['diff']:+.3f} ({_z(longer['z'])}) at {longer['steps']}"
+            what += f", {longer['diff']:+.3f} ({z_text(longer['z'])}) at {longer['steps']}"
         readings = [d["reading"]] + ([longer["reading"]] if longer else [])
         if row["expect"] == 0:
             if all(r == "holds" for r in readings):
@@ -226,5 +226,6 @@ def verdict(c: dict) -> list[tuple[str, str, str]]:
     return out
 
 
-def _z(z: float) -> str:
+def z_text(z: float) -> str:
+    """|z| in words, capped: beyond 10 standard errors the exact figure says nothing more."""
     return "over 10 standard errors" if abs(z) > 10 else f"{abs(z):.1f} standard errors"

@@ -60,14 +60,14 @@ def box(name: str, indent: str, link: str) -> str:
             cells = [f"{row['label']}, {c['steps']} steps"]
             cells += [_num(row["arms"][a]["mean"], row["arms"][a]["sd"], row["arms"][a]["n"]) if a in row["arms"] else "–"
                       for a in arms]
-            cells += [f"{_signed(d['diff'])} ({R._z(d['z']).replace(' standard errors', ' se')}): **{d['reading']}**"
+            cells += [f"{_signed(d['diff'])} ({R.z_text(d['z']).replace(' standard errors', ' se')}): **{d['reading']}**"
                       for d in row["diffs"].values()]
             lines.append("| " + " | ".join(cells) + " |")
             longs = [d.get("longer") for d in row["diffs"].values()]
             if any(longs) and longer:
                 lb = [R.metric(longer["summary"], a, row["metric"]) for a in arms]
                 cells = [f"same, {longer['steps']} steps"] + [_num(m["mean"], m["sd"], m["n"]) if m else "–" for m in lb]
-                cells += [f"{_signed(x['diff'])} ({R._z(x['z']).replace(' standard errors', ' se')}): **{x['reading']}**"
+                cells += [f"{_signed(x['diff'])} ({R.z_text(x['z']).replace(' standard errors', ' se')}): **{x['reading']}**"
                           if x else "–" for x in longs]
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
