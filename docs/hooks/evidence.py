@@ -283,7 +283,8 @@ AREA_TITLES = {"attention": "Attention", "positions": "Embeddings and positions"
                "relative": "Relative positions and length", "normalisation": "Normalisation and residuals",
                "training": "Training", "cost": "Cost and complexity", "inference": "Attention at inference time",
                "blocks": "The modern block", "scale": "Numbers at scale",
-               "generation": "Generating, tokenising, adapting", "real": "Against real implementations"}
+               "generation": "Generating, tokenising, adapting", "post-training": "Post-training and reasoning",
+               "real": "Against real implementations"}
 
 
 MD_LINK = re.compile(r"\]\((?!https?:|#|/)([^)\s#]+\.md)(#[^)\s]*)?\)")
