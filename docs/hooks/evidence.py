@@ -23,6 +23,7 @@ is never shown as current: the card says so and the build warns (so --strict fai
 from __future__ import annotations
 
 import html
+import json
 import logging
 import posixpath
 import re
@@ -67,8 +68,20 @@ def _fig_uri(proof_rel: str, file: str) -> str:
     return f"evidence/{proof_rel.removeprefix('proofs/').removesuffix('.py')}/{file}"
 
 
+_fingerprints: dict[str, str] = {}  # proof file -> its code fingerprint, computed once per build (emptied in on_config)
+
+
+def _fingerprint(proof_rel: str) -> str:
+    """E.fingerprint of a proof, memoised for one build: a page asks for it once per value marker, and hashing the
+    proof with everything it imports is most of a build's time otherwise."""
+    if proof_rel not in _fingerprints:
+        _fingerprints[proof_rel] = E.fingerprint(ROOT / proof_rel)
+    return _fingerprints[proof_rel]
+
+
 def on_config(config):
     global _registry, _nav
+    _fingerprints.clear()  # `mkdocs serve` rebuilds after edits: fingerprints are recomputed for each build
     _nav = study.nav_order(config.get("nav"))
     _registry = yaml.safe_load((ROOT / "proofs" / "claims.yml").read_text(encoding="utf-8"))
     missing = [f for f in KATEX_FILES if not (KATEX_DIST / f).exists()]
@@ -146,7 +159,7 @@ def _status(doc: dict | None, proof_rel: str) -> str:
     """'current', 'missing', 'stale' or 'failed'."""
     if doc is None:
         return "missing"
-    if doc["provenance"]["fingerprint"] != E.fingerprint(ROOT / proof_rel):
+    if doc["provenance"]["fingerprint"] != _fingerprint(proof_rel):
         return "stale"
     return "current" if doc["outcome"] == "passed" else "failed"
 
@@ -346,9 +359,9 @@ def _seed_report(page) -> str:
         return "*No seed sweep has been recorded yet: run `python -m proofs.seeds <proof> --record`.*\n"
     out = []
     for path in reports:
-        rep = yaml.safe_load(path.read_text(encoding="utf-8"))
+        rep = json.loads(path.read_text(encoding="utf-8"))
         proof = rep["proof"]
-        current = (ROOT / proof).exists() and E.fingerprint(ROOT / proof)
+        current = (ROOT / proof).exists() and _fingerprint(proof)
         out.append(f"\n### `{proof}`\n\n| test | seeds | passed | s / seed | recorded | code |\n|---|---|---|---|---|---|")
         details = []
         for test, t in sorted(rep["tests"].items()):
