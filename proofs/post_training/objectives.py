@@ -14,9 +14,13 @@ Every proof of the "Post-training and reasoning" pages builds its losses from he
 | `dpo_loss` | −log σ(β[log π/π_ref (y_w) − log π/π_ref (y_l)]) | Rafailov et al. 2023, §4, eq. 7 |
 | `kl_regularised_optimum` | π*(y) = π_ref(y) exp(r(y)/β) / Z | Rafailov et al. 2023, eq. 4 |
 | `distillation_loss` | T²·CE(softmax(z_t/T), softmax(z_s/T)) | Hinton et al. 2015, §2 |
+| `kl_shaped_rewards` | per-token rewards −β(log π − log π_ref), the RM score on the last token (PPO-RLHF) | Ouyang et al. 2022, §3.5, eq. 2; Shao et al. 2024, eq. 2 |
+| `process_advantages` | GRPO with a PRM: step rewards normalised over the group, a token gets the sum over its step and later ones | Shao et al. 2024, §4.1.3 |
+| `cpi_objective` | the unclipped surrogate ρA (PPO's "no clipping or penalty" ablation) | Schulman et al. 2017, §3, eq. 6; §6.1 |
 
-Objectives are written as losses to minimise (the negated objective) except `ppo_clip_objective`, which returns
-the per-sample surrogate the paper maximises. Bad settings raise `ConfigError` naming the fix.
+Objectives are written as losses to minimise (the negated objective) except `ppo_clip_objective` and
+`cpi_objective`, which return the per-sample surrogate the paper maximises, and `kl_shaped_rewards`, which returns
+per-token rewards. Bad settings raise `ConfigError` naming the fix.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ def response_labels(ids: torch.Tensor, prompt_len: int | torch.Tensor, mask_prom
         if (p < 1).any() or (p >= ids.shape[1]).any():
             raise ConfigError(f"prompt_len must be in [1, {ids.shape[1] - 1}] so that a response remains")
         target_pos = torch.arange(1, ids.shape[1]).unsqueeze(0)  # (1, T-1): position of each label in ids
-        labels[target_pos < p] = IGNORE
+        labels = labels.masked_fill(target_pos < p, IGNORE)  # (B, T-1): broadcasts an int prompt_len too
     return labels
 # --8<-- [end:sft]
 
@@ -193,3 +197,53 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     soft_targets = (teacher_logits / T).softmax(-1)
     return -(soft_targets * (student_logits / T).log_softmax(-1)).sum(-1).mean() * T ** 2
 # --8<-- [end:distil]
+
+
+# --8<-- [start:kl_reward]
+def kl_shaped_rewards(score: torch.Tensor, logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
+                      beta: float) -> torch.Tensor:
+    """PPO-RLHF's per-token rewards (Ouyang et al. 2022, §3.5, eq. 2 with its "per-token KL penalty"; written out in
+    Shao et al. 2024, eq. 2): every response token gets −β(log π − log π_ref), the last one also the reward model's
+    score. score (N,); logp, logp_ref, mask (N, T) -> (N, T). Summed over an output: r(x, y) − β·log π(y|x)/π_ref(y|x).
+    Detached: the penalty is part of the reward, so it reaches the policy only through the advantage."""
+    if beta < 0:
+        raise ConfigError(f"beta must be >= 0 (the KL reward coefficient; InstructGPT's eq. 2), got {beta}")
+    _check_same_shape(logp=logp, logp_ref=logp_ref, mask=mask)
+    if score.shape != logp.shape[:1]:
+        raise ConfigError(f"score must be (N,) = {tuple(logp.shape[:1])}: one reward-model score per output, "
+                          f"got {tuple(score.shape)}")
+    mask = mask.to(logp.dtype)
+    n_tokens = mask.sum(1, keepdim=True)  # (N, 1)
+    if (n_tokens < 1).any():
+        raise ConfigError("every output needs at least one response token in mask (the score goes on the last one)")
+    last = (mask.cumsum(1) == n_tokens) & (mask > 0)  # (N, T): the last response token of each output
+    return (-beta * (logp - logp_ref) * mask + score[:, None] * last).detach()
+# --8<-- [end:kl_reward]
+
+
+# --8<-- [start:process_advantages]
+def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """GRPO with process supervision (Shao et al. 2024, §4.1.3): every step of every output in a group of G gets a
+    reward; all the group's step rewards are normalised together, (r − mean)/std, and a token's advantage is the
+    sum of the normalised rewards of its own step and every later step of its output. step_rewards, step_mask
+    (G, S): S steps at most, mask False on padding -> (G, S), the advantage each token of that step gets (0 on
+    padding). Outcome supervision (`group_advantages`) gives every token of an output one shared value instead."""
+    _check_same_shape(step_rewards=step_rewards, step_mask=step_mask)
+    if step_rewards.dim() != 2:
+        raise ConfigError(f"step_rewards must be (group, steps), got shape {tuple(step_rewards.shape)}")
+    mask = step_mask.bool()
+    if mask.sum() < 2:
+        raise ConfigError("a group needs at least 2 scored steps in all to normalise them: sample G >= 2 outputs")
+    r = step_rewards[mask]
+    normed = torch.zeros_like(step_rewards).masked_scatter(mask, (r - r.mean()) / (r.std() + eps))
+    return normed.flip(1).cumsum(1).flip(1) * mask  # Σ over this step and the later ones of the same output
+# --8<-- [end:process_advantages]
+
+
+# --8<-- [start:cpi]
+def cpi_objective(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """The unclipped surrogate ρA per sample, to MAXIMISE (Schulman et al. 2017, §3, eq. 6, L^CPI; the "no clipping or
+    penalty" arm of §6.1): the first term inside PPO's min, with ρ = π/π_old. Its gradient is ρA·∇log π at every ρ."""
+    _check_same_shape(logp=logp, logp_old=logp_old, advantages=advantages)
+    return (logp - logp_old).exp() * advantages
+# --8<-- [end:cpi]
