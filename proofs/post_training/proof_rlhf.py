@@ -125,6 +125,8 @@ def head_bias_gradient(seed: int) -> dict:
 # probability σ(r*_i − r*_j). Averaged over pairs, the best any scorer can do is rank every pair like the truth,
 # which scores mean σ(|r*_i − r*_j|): label noise caps a perfect reward model's accuracy below 1. Both the ceiling
 # and a fitted table's expected accuracy are computed exactly over the 28 pairs, without sampling test labels.
+# Two labellers of the same pair agree with probability p² + (1 − p)², p = σ(|Δr*|), which is at most p (their
+# difference is (1 − p)(2p − 1) >= 0): inter-labeller agreement is a floor under the ceiling, not the ceiling.
 
 # %%
 # --8<-- [start:fit]
@@ -169,15 +171,26 @@ def expected_accuracy(r_fit: torch.Tensor, r_true: torch.Tensor) -> float:
     return (0.5 + agree * (p - 0.5)).mean().item()
 
 
+def labeller_agreement(r_true: torch.Tensor) -> float:
+    """Exact probability that two independent Bradley–Terry labels of a fresh comparison (uniform pair) agree:
+    mean over pairs of p² + (1 − p)², p = σ(Δr*). Never above the ceiling mean σ(|Δr*|)."""
+    p = torch.sigmoid(r_true[PAIRS[:, 0]] - r_true[PAIRS[:, 1]])
+    return (p ** 2 + (1 - p) ** 2).mean().item()
+
+
 def recovery(seed: int) -> dict:
     """For each pair count: mean over REPLICAS of the RMS error of centred rewards, the fitted scale (slope of the
     centred fit on the centred truth), the exact accuracy on fresh comparisons, the ceiling and the accuracy on the
-    training comparisons themselves."""
+    training comparisons themselves, and (the control) the true reward's accuracy on those same comparisons.
+    rows["labels"]: two labellers' exact agreement and the ceiling, averaged over the draws of r*."""
     g = torch.Generator().manual_seed(seed)
     rows = {n: Counter() for n in PAIR_COUNTS}
+    rows["labels"] = Counter()
     for _ in range(REPLICAS):
         r_true = torch.randn(K_OUT, generator=g, dtype=F64)
         rc = r_true - r_true.mean()
+        rows["labels"]["agreement"] += labeller_agreement(r_true) / REPLICAS
+        rows["labels"]["ceiling"] += expected_accuracy(r_true, r_true) / REPLICAS
         for n in PAIR_COUNTS:
             w, l = sample_comparisons(r_true, n, g)
             r_fit = fit_reward_table(w, l)
@@ -187,6 +200,7 @@ def recovery(seed: int) -> dict:
             rows[n]["accuracy"] += expected_accuracy(r_fit, r_true) / REPLICAS
             rows[n]["ceiling"] += expected_accuracy(r_true, r_true) / REPLICAS
             rows[n]["train accuracy"] += (r_fit[w] > r_fit[l]).double().mean().item() / REPLICAS
+            rows[n]["truth train accuracy"] += (r_true[w] > r_true[l]).double().mean().item() / REPLICAS
             rows[n]["max accuracy above ceiling"] = max(rows[n].get("max accuracy above ceiling", -1.0),
                                                         expected_accuracy(r_fit, r_true)
                                                         - expected_accuracy(r_true, r_true))
@@ -207,8 +221,9 @@ def recovery(seed: int) -> dict:
 #
 # Bytes per parameter, as on the training-memory page (`docs/scale/training-memory.md`): a trained network keeps
 # 16 (mixed-precision Adam: 2 for 16-bit weights, 2 for gradients, 12 for the fp32 master copy and the two
-# moments; ZeRO, Rajbhandari et al. 2020, §3.1), a frozen one 2 (bf16 weights, no gradient, no optimizer). The tiny
-# model checks that arithmetic on real tensors: its trained networks take one real Adam step in fp32 (4 + 4 + 8 =
+# moments; ZeRO, Rajbhandari et al. 2020, arXiv §3.1 = Section III-A of the SC20 paper), a frozen one 2 (bf16
+# weights, no gradient, no optimizer). The tiny model checks that arithmetic on real tensors: its trained networks
+# take one real mixed-precision Adam step (bf16 weights and gradients, Adam on an fp32 master copy, 2 + 2 + 4 + 8 =
 # 16 bytes per parameter), its frozen ones are cast to bf16. Not counted: activations, the KV cache of generation,
 # a separate inference engine's copy of the policy, temporary buffers.
 
@@ -256,21 +271,30 @@ def rlhf_models(seed: int) -> dict:
 
 
 def measured_bytes(algo: str, seed: int) -> dict:
-    """Real tensors: one Adam step (fp32) on each trained network, so gradients and both moments exist; frozen
-    networks cast to bf16 without gradients. Sums nbytes of everything kept between steps."""
+    """Real tensors: one mixed-precision Adam step on each trained network (bf16 weights and gradients, an fp32
+    master copy that Adam updates, so both fp32 moments exist, then copied back to bf16); frozen networks cast to
+    bf16 without gradients. Sums nbytes of everything kept between steps (the fp32 gradient copy is transient)."""
     models, (trained, frozen) = rlhf_models(seed), ALGORITHMS[algo]
     ids = torch.randint(0, TINY["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(seed))
     out = Counter()
     for name in trained:
-        m = models[name]
-        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
-        m(ids).square().mean().backward()  # any loss: what matters is that every parameter gets a gradient
+        m = models[name].to(torch.bfloat16)  # the 16-bit working copy: forward and backward run in bf16
+        master = [nn.Parameter(p.detach().float()) for p in m.parameters()]  # fp32 master weights
+        opt = torch.optim.Adam(master, lr=1e-3)
+        m(ids).float().square().mean().backward()  # any loss: what matters is that every parameter gets a gradient
+        for mp, p in zip(master, m.parameters()):
+            mp.grad = p.grad.float()  # upcast for the update only
         opt.step()
-        out["trained weights"] += sum(p.nbytes for p in m.parameters())
-        out["gradients"] += sum(p.grad.nbytes for p in m.parameters())
+        with torch.no_grad():
+            for mp, p in zip(master, m.parameters()):
+                p.copy_(mp)  # the updated master, rounded back into the bf16 weights
+                mp.grad = None
+        out["trained weights (bf16)"] += sum(p.nbytes for p in m.parameters())
+        out["gradients (bf16)"] += sum(p.grad.nbytes for p in m.parameters())
+        out["fp32 master copy"] += sum(p.nbytes for p in master)
         for st in opt.state.values():  # exp_avg, exp_avg_sq (one per parameter) and a scalar step per tensor
             for key, t in st.items():
-                out["Adam step counters" if key == "step" else "Adam moments"] += t.nbytes
+                out["Adam step counters" if key == "step" else "Adam moments (fp32)"] += t.nbytes
     for name in frozen:
         m = models[name].to(torch.bfloat16).requires_grad_(False)
         out["frozen weights (bf16)"] += sum(p.nbytes for p in m.parameters())
@@ -400,8 +424,11 @@ def test_fitted_rewards_approach_the_truth_and_never_beat_the_ceiling(ev, seed):
     error of the fitted r − mean(r) against the truth shrinks about as 1/√n from 32 to 2048 comparisons, the fitted
     scale approaches the true one (slope → 1), and the exact accuracy on fresh comparisons approaches, but never
     exceeds, the ceiling mean σ(|Δr*|) that label noise sets; on its own training comparisons a small-n fit scores
-    above its fresh accuracy. Would be refuted if the error did not fall with n, or if a fit beat the ceiling."""
+    above its fresh accuracy, by more than the true reward does on the same comparisons (the control). Two labellers
+    agree less often than the ceiling (a theorem: p² + (1 − p)² <= p for p >= ½), so inter-labeller agreement is not
+    the ceiling. Would be refuted if the error did not fall with n, or if a fit beat the ceiling."""
     rows = recovery(seed)
+    labels = rows.pop("labels")
     for n, m in rows.items():
         ev.record(f"n = {n}: RMS error of centred rewards", m["error"], key=n in (32, 2048))
         ev.record(f"n = {n}: fitted scale (slope on the truth)", m["slope"], key=n == 2048)
@@ -416,39 +443,54 @@ def test_fitted_rewards_approach_the_truth_and_never_beat_the_ceiling(ev, seed):
     ev.record("ceiling: exact pair sum vs mean σ(|Δr*|)",
               abs(rows[2048]["ceiling"] - rows[2048]["ceiling by formula"]), expect="0")
     gap, overfit = rows[2048]["ceiling"] - rows[2048]["accuracy"], rows[32]["train accuracy"] - rows[32]["accuracy"]
+    truth_gap = rows[32]["truth train accuracy"] - rows[32]["ceiling"]  # the control: no fitting, same comparisons
     ev.record("n = 2048: ceiling minus accuracy on fresh comparisons", gap, expect="small, >= 0")
     ev.record("n = 32: accuracy on its own comparisons minus on fresh ones", overfit, expect="> 0")
-    # exact: no fit beats the ceiling, and the ceiling is the formula
+    ev.record("n = 32, control: the true reward's accuracy on the same comparisons minus the ceiling", truth_gap,
+              expect="≈ 0")
+    ev.record("n = 32: the fit's excess minus the control's", overfit - truth_gap, expect="> 0")
+    ev.record("two labellers agree (exact), ceiling", [round(labels["agreement"], 4), round(labels["ceiling"], 4)],
+              expect="agreement < ceiling")
+    ev.record("ceiling minus two labellers' agreement", labels["ceiling"] - labels["agreement"], expect="> 0 (theorem)")
+    # exact: no fit beats the ceiling, the ceiling is the formula, two labellers agree less often than the ceiling
     assert all(m["max accuracy above ceiling"] <= 1e-12 for m in rows.values())
     assert abs(rows[2048]["ceiling"] - rows[2048]["ceiling by formula"]) < 1e-12
+    assert labels["agreement"] < labels["ceiling"]
     # THRESHOLDS from seeds 100-139 (40 seeds, 8 draws of r* each): RMS error n = 32: 1.42 ± 0.28 (min 0.92),
     # 128: 0.416 ± 0.058 (max 0.60), 512: 0.179 ± 0.015 (min 0.143, max 0.208), 2048: 0.090 ± 0.009 (max 0.114), so
     # the order never ties; error ratio 512/2048: 2.01 ± 0.23 (min 1.57, max 2.40; 1/√n predicts 2); slope at 2048:
     # 1.003 ± 0.020 (min 0.962, max 1.042); ceiling − accuracy at 2048: 0.0012 ± 0.0006 (max 0.0027); training minus
-    # fresh accuracy at n = 32: 0.132 ± 0.031 (min 0.059)
+    # fresh accuracy at n = 32: 0.132 ± 0.031 (min 0.059); the control (true reward on the same comparisons minus
+    # the ceiling) −0.002 ± 0.028 (min −0.061, max 0.047); fit's excess minus the control's 0.134 ± 0.035 (min 0.065)
     assert e[0] > e[1] > e[2] > e[3]
     assert 1.2 < e[2] / e[3] < 2.9  # 3.5 sd below and 3.8 sd above the mean: between "no gain" (1) and 1/n (4)
     assert abs(rows[2048]["slope"] - 1) < 0.1  # 5 sd: the fitted rewards have the true scale, not only the order
     assert gap < 0.005 and overfit > 0.01  # 6.5 sd above the mean gap; 3.9 sd below the mean over-fit
+    assert overfit - truth_gap > 0.01  # 3.6 sd below the mean: the excess is the fit's, not luck of the comparisons
 
 
 @pytest.mark.claim("C-RLHF-1", "confirmed")
 def test_four_networks_and_their_bytes(ev, seed):
-    """Counts, not measurements of an effect. On the tiny shared model the bytes read from real tensors (one fp32
-    Adam step on the trained networks, bf16 frozen ones) equal the arithmetic 16 per trained and 2 per frozen
+    """Counts, not measurements of an effect. On the tiny shared model the bytes read from real tensors (one
+    mixed-precision Adam step on the trained networks: bf16 weights and gradients, fp32 master copy and moments; bf16
+    frozen ones) equal the arithmetic 2 + 2 + 4 + 8 = 16 per trained and 2 per frozen
     parameter, for every algorithm; the same arithmetic for a LLaMA-7B-sized policy with a same-sized reward and value
     model gives PPO > GRPO > DPO, and shows that the four networks are not four times SFT's memory: the trained value
     model costs eight times the frozen reward model. Would be refuted if the real tensors disagreed with the
-    arithmetic (e.g. Adam keeping other than two moments per parameter)."""
+    arithmetic (e.g. Adam keeping other than two moments per parameter, or no fp32 master copy)."""
     for algo in ALGORITHMS:
         m = measured_bytes(algo, seed)
         p = m["params"]
         assert p["reference"] == p["policy"] == lm_params(**TINY) and p["value"] == p["reward"] == rm_params(**TINY)
         a = state_bytes(algo, p["policy"], p["reward"])
-        per_param = m["trained weights"] + m["gradients"] + m["Adam moments"]
+        parts = [m[k] for k in ("trained weights (bf16)", "gradients (bf16)", "fp32 master copy", "Adam moments (fp32)")]
         ev.record(f"tiny, {algo}: bytes from tensors (trained, frozen) / arithmetic",
-                  [per_param, m["frozen weights (bf16)"], a["trained"], a["frozen"]], key=algo == "PPO")
-        assert per_param == a["trained"] and m["frozen weights (bf16)"] == a["frozen"]
+                  [sum(parts), m["frozen weights (bf16)"], a["trained"], a["frozen"]], key=algo == "PPO")
+        n_trained = sum(p[k] for k in ALGORITHMS[algo][0])
+        assert parts == [2 * n_trained, 2 * n_trained, 4 * n_trained, 8 * n_trained]  # ZeRO's 2 + 2 + (4 + 4 + 4)
+        assert sum(parts) == a["trained"] and m["frozen weights (bf16)"] == a["frozen"]
+    ev.record("tiny, PPO: trained bytes per parameter: bf16 weights, bf16 gradients, fp32 master, fp32 moments",
+              [x / n_trained for x in parts])
     ev.record("tiny: parameters of policy, reference, reward, value", list(p.values()))
     ev.record("tiny, PPO: Adam step counters (4 bytes per tensor, not per parameter)", m["Adam step counters"],
               key=False)
