@@ -54,8 +54,12 @@ TINY = TransformerConfig(vocab_size=16, d_model=16, n_heads=2, d_ff=32, n_layers
 # DPO starts with the policy equal to the reference (both are the SFT model). Then log π/π_ref = 0 for every response,
 # the margin inside eq. 7 is β·0 = 0, and the loss is −log σ(0) = ln 2 whatever β is. The gradient is not the same:
 # by the chain rule it is −β·σ(0)·(∇log π(y_w) − ∇log π(y_l)) = −(β/2)·(...), one direction scaled by β. Plain gradient
-# descent's first step is therefore proportional to β; Adam divides the gradient by its own running size, so its
-# first step is (to its ε) the same for every β. Checked on the categorical and on a tiny `DecoderLM` whose
+# descent's first step is therefore proportional to β. Adam's first step is lr·m̂/(√v̂ + ε) = lr·g/(|g| + ε) per
+# coordinate, about lr·sign(g): the same for every β while |g| ≫ ε (RMSprop, the DPO paper's optimiser, has the same
+# sign-like first step). Adam then stays blind to the overall factor β at every step; β reaches its updates only
+# through the pair weights σ(−β·margin), which leave ½ once β × the log-ratio margin is of order 1, so a small β
+# changes the early Adam trajectory little and a large one a lot (measured over 100 Adam steps: β = 0.01 against
+# 0.1 and against 10). Checked on the categorical and on a tiny `DecoderLM` whose
 # reference is `copy.deepcopy` of the policy (what TRL builds when `ref_model=None`, see the page). The switch: a
 # policy moved away from the reference, where the loss is not ln 2 and depends on β.
 
@@ -135,6 +139,7 @@ def step0(seed: int) -> dict:
         loss = categorical_dpo(z, logp_ref, w, l, beta)
         grad, = torch.autograd.grad(loss, z)
         adam_z = adam(lambda z: categorical_dpo(z, logp_ref, w, l, beta), z0, lr=1e-2, steps=1)[0]
+        adam_100 = adam(lambda z: categorical_dpo(z, logp_ref, w, l, beta), z0, lr=1e-2, steps=100)[0].softmax(-1)
         model.zero_grad()
         lm_loss = lm_dpo(model, ref, chosen, rejected, lab_c, lab_r, beta)
         lm_loss.backward()
@@ -142,6 +147,7 @@ def step0(seed: int) -> dict:
         out[beta] = {"loss at the reference": loss.item(),
                      "loss at a moved policy": categorical_dpo(moved, logp_ref, w, l, beta).item(),
                      "gradient": grad, "sgd step (lr 1e-2)": -1e-2 * grad, "adam step (lr 1e-2)": adam_z - z0,
+                     "adam policy after 100 steps": adam_100,
                      "lm loss at the reference": lm_loss.item(), "lm gradient": lm_grad}
     return out
 # --8<-- [end:step0]
@@ -155,8 +161,11 @@ def step0(seed: int) -> dict:
 # ∇_z log π(y) = onehot(y) − π, so the bracket is onehot(y_w) − onehot(y_l) and the whole gradient can be written
 # down without autograd. We compare it with autograd's gradient of the shared `dpo_loss` at a policy away from the
 # reference (so the weights differ), and compare the "naive" version the paper warns about, the same bracket
-# without the weight σ(·). That σ(r̂_l − r̂_w) > ½ exactly when r̂ ranks the pair wrongly is a property of σ (an
-# identity), recorded, not a finding.
+# without the weight σ(·) (up to β, the gradient of the unlikelihood baseline of its Appendix C.3). Since the true
+# weights average about ½, part of the naive gradient's gap is only its scale; the discriminating switch is the bracket
+# with ONE weight for every pair (the mean weight): equal to the truth only if the per-pair weighting did nothing.
+# That σ(r̂_l − r̂_w) > ½ exactly when r̂ ranks the pair wrongly is a property of σ (an identity), recorded, not a
+# finding.
 
 # %%
 # --8<-- [start:gradient]
@@ -172,8 +181,9 @@ def gradient_check(seed: int, beta: float = 0.5, n: int = 32) -> dict:
         bracket = torch.eye(K, dtype=F64)[w] - torch.eye(K, dtype=F64)[l]  # ∇log π(y_w) − ∇log π(y_l), (n, K)
         paper = -beta * (weight[:, None] * bracket).mean(0)
         naive = -beta * bracket.mean(0)
+        uniform = -beta * weight.mean() * bracket.mean(0)             # one weight for all pairs: only the scale kept
         wrong = r_hat[l] > r_hat[w]
-    return {"autograd": autograd, "paper": paper, "naive": naive, "weight": weight, "wrong": wrong}
+    return {"autograd": autograd, "paper": paper, "naive": naive, "uniform": uniform, "weight": weight, "wrong": wrong}
 # --8<-- [end:gradient]
 
 
@@ -382,8 +392,10 @@ def test_loss_is_ln2_at_step0_for_every_beta_and_beta_scales_the_gradient(ev, se
     """Exact (float64): with the policy equal to the reference, eq. 7 is ln 2 for β = 0.01, 0.1, 1 and 10, on a
     categorical and on a tiny DecoderLM with a deepcopy reference; the step-0 gradient divided by β is the same
     vector for every β, so gradient descent's first step scales with β, while Adam's first step is the same for
-    every β (it normalises the gradient). The switch: a policy moved away from the reference gives a loss that is
-    not ln 2 and depends on β. Would be refuted if the loss at the reference depended on β or differed from ln 2."""
+    every β (lr·g/(|g| + ε), sign-like). After 100 Adam steps the policies for β = 0.01 and β = 10 are apart (β acts
+    through the pair weights), those for β = 0.01 and 0.1 much less so. The switch: a policy moved away from the
+    reference gives a loss that is not ln 2 and depends on β. Would be refuted if the loss at the reference depended
+    on β or differed from ln 2; the Adam reading would be wrong if β = 0.01 and 10 ended together after 100 steps."""
     out = step0(seed)
     at_ref = max(abs(out[b]["loss at the reference"] - LN2) for b in BETAS)
     at_ref_lm = max(abs(out[b]["lm loss at the reference"] - LN2) for b in BETAS)
@@ -405,10 +417,21 @@ def test_loss_is_ln2_at_step0_for_every_beta_and_beta_scales_the_gradient(ev, se
     ev.record("first Adam step size, β = 0.01 … 10", [f"{x.norm().item():.4g}" for x in adam], expect="the same")
     adam_gap = max(rel(x, adam[2]) for x in adam)
     ev.record("largest relative gap between Adam's first steps across β", adam_gap, expect="≈ 0 (ε = 1e-8 only)")
+    tvp = lambda p, q: 0.5 * (p - q).abs().sum().item()
+    pol = {b: out[b]["adam policy after 100 steps"] for b in BETAS}
+    adam_far, adam_near = tvp(pol[0.01], pol[10.0]), tvp(pol[0.01], pol[0.1])
+    ev.record("Adam after 100 steps: tv between the policies for β = 0.01 and β = 10", adam_far,
+              expect="> 0: β acts through the pair weights")
+    ev.record("Adam after 100 steps: tv between the policies for β = 0.01 and β = 0.1", adam_near,
+              expect="much smaller: the weights are still near ½")
     assert at_ref < 1e-12 and at_ref_lm < 1e-12
     assert max(rel(x, g_over_beta[2]) for x in g_over_beta) < 1e-10 and max(rel(x, lm_over_beta[2]) for x in lm_over_beta) < 1e-10
     assert all(abs(sgd[i + 1] / sgd[i] - BETAS[i + 1] / BETAS[i]) < 1e-9 for i in range(3))
     assert adam_gap < 1e-4  # exact up to Adam's ε: the smallest gradient entry is ~1e-4 · β, ε = 1e-8
+    # Adam after 100 steps (seeds 100-139): tv(β = 0.01, β = 10) 0.243 ± 0.079 (min 0.073; log10 −0.64 ± 0.17), bound
+    # 0.01 (8 sd below in log10; "β does nothing under Adam" would give ε-level, ~1e-6); tv(0.01, 0.1) 0.0063 ±
+    # 0.0029 (max 0.014), below the far pair on every seed
+    assert adam_far > 0.01 and adam_near < adam_far
     # the switch: at the moved policy the four losses differ from ln 2 and from each other by far more than float64
     # rounding (the identity's gap above is exactly 0). Over seeds 100-139 the smallest such gap was 5.8e-4 ± 5.0e-4
     # (min 2.6e-6, set by β = 0.01, where the loss moves only by about β·mean margin/2), so the bound is 1e-9
@@ -419,13 +442,18 @@ def test_loss_is_ln2_at_step0_for_every_beta_and_beta_scales_the_gradient(ev, se
 def test_gradient_weights_each_pair_by_how_wrongly_the_implicit_reward_ranks_it(ev, seed):
     """Exact (float64): autograd's gradient of the shared dpo_loss equals the paper's formula
     −β·mean σ(r̂_l − r̂_w)(∇log π(y_w) − ∇log π(y_l)) written by hand; without the weight (the naive version the paper
-    warns about) it does not. Pairs the implicit reward ranks wrongly get weight > ½, the others < ½ (a property
-    of σ). Would be refuted if the formula and autograd disagreed beyond rounding."""
+    warns about) it does not, and neither does the bracket with one shared weight (same scale, per-pair weights
+    gone). Pairs the implicit reward ranks wrongly get weight > ½, the others < ½ (a property of σ). Would be refuted
+    if the formula and autograd disagreed beyond rounding, or if one shared weight gave the same gradient."""
     c = gradient_check(seed)
     err = (c["autograd"] - c["paper"]).abs().max().item()
     naive_err = (c["autograd"] - c["naive"]).abs().max().item()
     ev.record("largest |autograd − paper's formula|", err, expect="0 (rounding)")
-    ev.record("largest |autograd − formula without the weight|", naive_err, expect="> 0 (the switch)")
+    ev.record("largest |autograd − formula without the weight|", naive_err,
+              expect="> 0 (partly a scale: weights average ≈ ½)")
+    uniform_gap = ((c["autograd"] - c["uniform"]).norm() / c["autograd"].norm()).item()
+    ev.record("|autograd − one weight for all pairs| / |autograd|", uniform_gap,
+              expect="> 0 (the switch: per-pair weights)")
     ev.record("pairs ranked wrongly by r̂ (of 32)", int(c["wrong"].sum()))
     ev.record("weights of wrongly ranked pairs: min", c["weight"][c["wrong"]].min().item() if c["wrong"].any() else None,
               expect="> 0.5")
@@ -436,6 +464,9 @@ def test_gradient_weights_each_pair_by_how_wrongly_the_implicit_reward_ranks_it(
     # the naive gradient's error is a property of the draw (every weight is below 1, so it is never 0): over seeds
     # 100-139 it was 0.064 ± 0.022 (min 0.019); the bound asks only that it be far above the formula's 1e-14
     assert naive_err > 1e-3
+    # one shared weight (the mean) keeps the scale but not the direction: relative gap 0.75 ± 0.20 over seeds 100-139
+    # (min 0.40), bound 0.02 (3.7 sd; equal per-pair weights would give 0 to rounding)
+    assert uniform_gap > 0.02
 
 
 @pytest.mark.claim("C-DPO-2", "nuanced")
@@ -533,14 +564,18 @@ def test_an_output_no_pair_mentions_keeps_whatever_mass_the_updates_leave_it(ev,
         assert m["pi(top) / closed form pi*(top)"] < 0.9
 
 
-def test_bad_settings_raise_config_error():
-    """dpo_loss and kl_regularised_optimum: β ≤ 0, and inputs of different shapes."""
+def test_bad_settings_raise_config_error(ev):
+    """dpo_loss and kl_regularised_optimum: β ≤ 0, and inputs of different shapes, each raise ConfigError naming
+    the fix (recorded, so that the site's evidence covers every test of this file)."""
     x = torch.zeros(3)
-    with pytest.raises(ConfigError, match="beta must be > 0"):
-        dpo_loss(x, x, x, x, beta=0.0)
-    with pytest.raises(ConfigError, match="one shape"):
-        dpo_loss(x, x, x, torch.zeros(2), beta=0.1)
-    with pytest.raises(ConfigError, match="beta must be > 0"):
-        kl_regularised_optimum(torch.full((3,), 1 / 3), x, beta=-1.0)
-    with pytest.raises(ConfigError, match="one shape"):
-        kl_regularised_optimum(torch.full((4,), 0.25), x, beta=1.0)
+    cases = {"dpo_loss, beta = 0": (lambda: dpo_loss(x, x, x, x, beta=0.0), "beta must be > 0"),
+             "dpo_loss, inputs of shapes (3,) and (2,)": (lambda: dpo_loss(x, x, x, torch.zeros(2), beta=0.1),
+                                                         "one shape"),
+             "kl_regularised_optimum, beta = -1": (lambda: kl_regularised_optimum(torch.full((3,), 1 / 3), x,
+                                                                                   beta=-1.0), "beta must be > 0"),
+             "kl_regularised_optimum, shapes (4,) and (3,)": (lambda: kl_regularised_optimum(torch.full((4,), 0.25), x,
+                                                                                            beta=1.0), "one shape")}
+    for name, (call, match) in cases.items():
+        with pytest.raises(ConfigError, match=match) as err:
+            call()
+        ev.record(name, str(err.value), key=False)
