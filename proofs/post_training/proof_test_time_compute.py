@@ -558,10 +558,11 @@ def test_process_advantages_separate_what_outcome_advantages_merge(ev):
     assert process[2, 0] > process[2, 2]
 
 
-def test_bad_settings_raise_config_error():
+def test_bad_settings_raise_config_error(ev):
     """selection.py and process_advantages: a non-positive N, probabilities that do not sum to 1, k > n, rewards of
     the wrong shape, an answer index out of range, a group with a single scored step."""
     p = torch.tensor([0.5, 0.5], dtype=F64)
+    messages = []
     for bad in (lambda: vote_accuracy_binary(0.6, 0), lambda: vote_accuracy(torch.tensor([0.5, 0.6]), 3),
                 lambda: vote_accuracy(p, 3, correct=2), lambda: pass_at_k(5, 2, 6), lambda: pass_at_k(5, 6, 1),
                 lambda: pass_at_k_naive(5, 2, 0), lambda: best_of_n(p, torch.zeros(3), 2),
@@ -569,5 +570,8 @@ def test_bad_settings_raise_config_error():
                 lambda: vote_accuracy_binary(1.5, 3),
                 lambda: process_advantages(torch.ones(2, 2), torch.tensor([[True, False], [False, False]])),
                 lambda: process_advantages(torch.ones(2, 2), torch.ones(2, 3, dtype=torch.bool))):
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError) as err:
             bad()
+        messages.append(str(err.value))
+    ev.record("bad settings that raised ConfigError", len(messages), expect="12 of 12")
+    ev.record("first message", messages[0], key=False)
