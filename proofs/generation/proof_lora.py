@@ -325,13 +325,15 @@ def test_qlora_trains_only_the_adapters_on_an_nf4_base(ev, seed):
     ev.record("max |logit − original model| at init", start_vs_original, expect="> 0: not the original")
     ev.record("accuracy on the old task: NF4 base / float base (no adapter)",
               [old_task_quantised, accuracy(base, previous_token_task, seed)], key=False)
-    ev.record("accuracy on the new task, QLoRA", acc_q, expect="> zero-shot + 0.5, > LoRA − 0.2 (asserted)")
+    ev.record("accuracy on the new task, QLoRA", acc_q, expect="> zero-shot + 0.5, > LoRA − 0.3 (asserted)")
     ev.record("accuracy on the new task, LoRA on the float base", acc_l)
     ev.record("QLoRA − LoRA accuracy", acc_q - acc_l)
     assert with_grad == ["A", "B"]
     assert start_vs_quantised == 0.0 < start_vs_original
     # over seeds 100-139 (mean ± sd): QLoRA 0.930 ± 0.061 (min 0.79), LoRA 0.929 ± 0.067 (min 0.77), QLoRA − LoRA
-    # 0.001 ± 0.040 (min -0.086); start gap to the original 1.51 ± 0.41 (min 1.03): margins 6.5 and 5.0 sd
+    # 0.001 ± 0.040 (min -0.086); start gap to the original 1.51 ± 0.41 (min 1.03): margins 6.5 and 5.0 sd. The
+    # difference has a heavy tail: a random-seed check (8 seeds outside 0-29) met -0.243 at seed 497768 (QLoRA 0.74,
+    # LoRA 0.99), 6 sd out, so the bound is -0.3 (7.5 sd); a QLoRA that did not train would sit near -0.9
     zero_shot = accuracy(base, two_back_task, seed)
-    assert acc_q - zero_shot > 0.5 and acc_q - acc_l > -0.2
+    assert acc_q - zero_shot > 0.5 and acc_q - acc_l > -0.3
 # --8<-- [end:test_qlora]

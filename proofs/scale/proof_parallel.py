@@ -246,11 +246,14 @@ def _train(rank: int, world: int, seed: int, stage: str, rs: str, data: list[tup
     # After the last step: parameters, gradients, moments, whatever is left. gloo's worker threads drop a finished
     # collective's tensors a moment after it completes, so we look three times, a few barriers apart, and keep
     # the smallest: a buffer still alive at every look is state; one that vanished was transient. (Once in 40
-    # seeds, with one look, a stray full-size buffer showed on one rank; its holder was not identified.)
+    # seeds, with one look, a stray full-size buffer showed on one rank; its holder was not identified. With three
+    # quick looks it still showed once in 8 random seeds on a machine loaded ~5x over its cores: so six looks,
+    # spread over ~0.3 s, give a busy machine's gloo threads time to let go.)
     looks = []
-    for _ in range(3):
+    for i in range(6):
         for _ in range(4):
             dist.barrier()
+        time.sleep(0.02 * i)
         looks.append(live_bytes(before))
     alive = min(looks, key=lambda found: sum(found.values()))
     final = (Comm().all_gather(own) if stage == "zero3" else full.detach())  # for the comparison only
