@@ -40,9 +40,9 @@ serve: setup             ## reruns only proofs whose evidence is missing, failed
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 test: setup chromium     ## what CI runs: proofs first (they write the evidence), the PDF, then everything else
-	$(PY) -m pytest proofs -n $(JOBS) --dist loadfile -q --progress
+	$(PY) -m pytest proofs -n $(JOBS) --dist loadfile -q --progress --durations=10
 	$(PY) docs/hooks/print_pdf.py
-	$(PY) -m pytest tests -n $(JOBS) -q
+	$(PY) -m pytest tests -n $(JOBS) -q --durations=10
 
 pdf: setup chromium      ## the cheat sheet as build/pdf/cheat-sheet.pdf (linked from the page by the next build)
 	$(PY) docs/hooks/print_pdf.py

@@ -28,14 +28,19 @@ def _shot(page, name: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)
 
 
-def test_every_page_renders_cleanly(page, server, site):
-    """Crawl every built page: math rendered, evidence present on question pages, no empty value (the page
-    fixture fails the test on any console error or request off 127.0.0.1)."""
+CRAWL_SHARDS = 4  # the crawl is the slowest browser test: in shards, pytest-xdist spreads it over the workers
+
+
+@pytest.mark.parametrize("shard", range(CRAWL_SHARDS))
+def test_every_page_renders_cleanly(page, server, site, shard):
+    """Crawl every built page (this shard: every CRAWL_SHARDS-th of them, in sorted order): math rendered, evidence
+    present on question pages, no empty value (the page fixture fails the test on any console error or request off
+    127.0.0.1)."""
     questions = {p.removesuffix(".md") + "/" for p in question_pages()}
     urls = sorted(p.parent.relative_to(site).as_posix() + "/" for p in site.rglob("index.html"))
     urls = ["" if u == "./" else u for u in urls]
     assert len(urls) > len(questions)
-    for u in urls:
+    for u in urls[shard::CRAWL_SHARDS]:
         page.goto(f"{server}/{u}")
         page.wait_for_function(KATEX_DONE, timeout=15_000)
         assert page.locator(".katex-error").count() == 0, f"/{u}: KaTeX could not parse some math"
