@@ -219,11 +219,14 @@ def tv(p: torch.Tensor, q: torch.Tensor) -> float:
 
 def where_each_penalty_leads(seed: int, beta: float = 0.3) -> dict:
     g = torch.Generator().manual_seed(seed)
-    z_ref = torch.randn(K, generator=g, dtype=F64)
-    reward = torch.rand(K, generator=g, dtype=F64)
-    ref = z_ref.softmax(-1)
+    while True:  # precondition: the two optima must be told apart; a draw with them < 0.01 apart in TV is redrawn
+        z_ref = torch.randn(K, generator=g, dtype=F64)   # (of seeds 0-2999 only seed 2712 is: 0.0027)
+        reward = torch.rand(K, generator=g, dtype=F64)
+        ref = z_ref.softmax(-1)
+        rev, fwd = kl_regularised_optimum(ref, reward, beta), reverse_kl_optimum(ref, reward, beta)
+        if tv(rev, fwd) >= 0.01:
+            break
     pis = optimise_with_each_penalty(z_ref, reward, beta)
-    rev, fwd = kl_regularised_optimum(ref, reward, beta), reverse_kl_optimum(ref, reward, beta)
     out = {"TV between the two optima": tv(rev, fwd), "KL(pi||ref) of the RLHF optimum": (rev * (rev / ref).log()).sum().item()}
     for i, arm in enumerate(ARMS):
         p = pis[i]
@@ -265,7 +268,10 @@ def test_k1_and_k3_are_unbiased_k2_is_biased_k1_goes_negative_k3_never(ev, seed)
         ev.record(f"{kind}: P(one k3 sample < 0), all pairs", max(m["p(negative)"]["k3"] for m in ms), expect="0")
         assert all(m["p(negative)"]["k1"] > 0 for m in ms)  # identity: some output has π_ref > π when π ≠ π_ref
         assert all(m["k3 min"] >= 0 for m in ms)             # identity: x − 1 − log x ≥ 0
-        assert min(rel_bias) > 1e-4                          # k2 is biased on every pair, near and far
+        # k2 is biased: its bias is third order near the reference and can change sign, so a single pair can be
+        # almost unbiased (seed 299 has a near pair at 1.7e-5); the mean over the 16 pairs cannot. Seeds 100-139:
+        # near 0.036 ± 0.0074 (min 0.022), far 0.31 ± 0.071 (min 0.20)
+        assert sum(rel_bias) / PAIRS > 0.01
         if kind == "near":  # second order: Var[k1] ~ δ², Var[k3] ~ δ⁴
             ratio = max(m["var"]["k3"] / m["var"]["k1"] for m in ms)
             ev.record("near: largest Var[k3] / Var[k1] over the 16 pairs", ratio)
@@ -365,9 +371,10 @@ def test_reward_minus_each_estimator_as_a_loss_converges_to_a_different_policy(e
     ev.record("k2 arm: TV to its optimum / TV between the optima", k2_off, expect="≈ 0")
     ev.record("k3 arm: TV to its optimum / TV between the optima", k3_off, expect="≈ 0")
     ev.record("k1 arm: KL(π‖π_ref) / KL(π‖π_ref) of the RLHF optimum", drift)
-    # seeds 100-139: TV between the optima 0.088 ± 0.056 (min 0.020); k2 arm's share of it left after 400 steps
-    # 3e-4 ± 8e-4 (max 4e-3), k3 arm's 2e-5 ± 7e-5 (max 3e-4); k1 arm's KL over the optimum's 8.0 ± 5.9 (min 2.2)
-    assert sep > 0.005
+    # seeds 100-139: TV between the optima 0.088 ± 0.056 (min 0.020; >= 0.01 by the redraw above); k2 arm's share of
+    # it left after 400 steps 3e-4 ± 8e-4 (max 4e-3; 6e-3 over seeds 140-199), k3 arm's 2e-5 ± 7e-5 (max 3e-4);
+    # k1 arm's KL over the optimum's 8.0 ± 5.9 (min 2.2; 2.07 over seeds 140-199)
+    assert sep >= 0.01
     assert k2_off < 0.05 and r["k2"]["TV to KL(ref||pi) optimum"] > 0.5 * sep
     assert k3_off < 0.05 and r["k3"]["TV to KL(pi||ref) optimum"] > 0.5 * sep
     assert r["k1 minus no penalty, max |dp|"] < 1e-9
