@@ -29,6 +29,8 @@
 # %%
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -122,7 +124,11 @@ def zero_gradient_share(seed: int, n_groups: int = 20000) -> dict:
 # and the mean cosine between one batch's gradient and the exact ∇J. **Learning**: 60 Adam steps (lr 0.05, the same
 # for every arm; Adam divides out each arm's overall scale, so the std's factor does not count as a larger step),
 # the same uniform numbers driving every arm's sampling; accuracy is the policy's exact mean probability of the
-# right answer.
+# right answer. Adam is per parameter and each question has its own logits, so it also tends to divide out the
+# per-question scale (the std's reweighting, and the small gradients REINFORCE sends to hard questions).
+# **Control.** With one right answer every rewarded sample's score e_right − π is parallel to its question's exact
+# gradient, which flatters REINFORCE without a baseline under 0/1 rewards. The same toy with two right answers per
+# question (the second drawn after the first, the shift lowered by log 2) measures the gradient noise again.
 
 # %%
 # --8<-- [start:toy]
@@ -131,13 +137,21 @@ ARMS = ("REINFORCE, no baseline", "REINFORCE, batch-mean baseline", "group mean 
         "group mean / std (GRPO)", "exact value baseline")
 
 
-def verifiable_toy(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Initial logits (P, K) and the right answer of each question (P,): random logits, the right one shifted by
-    U(−1.5, 3.5), so that the starting accuracy ranges from a few percent to most of the mass."""
+def verifiable_toy(seed: int, n_right: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Initial logits (P, K) and which answers are right (P, K) bool: random logits, the right ones shifted by
+    U(−1.5, 3.5) − log n_right (so that the right answers' total mass starts about the same for any n_right), and
+    the starting accuracy ranges from a few percent to most of the mass. n_right = 1 is the toy of parts 2 and 4;
+    n_right = 2 is the control of part 2 (the same first right answer and shift, one more right answer)."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(P, K, generator=g, dtype=F64)
-    right = torch.randint(0, K, (P,), generator=g)
-    logits[torch.arange(P), right] += torch.rand(P, generator=g, dtype=F64) * 5 - 1.5
+    first = torch.randint(0, K, (P,), generator=g)
+    shift = torch.rand(P, generator=g, dtype=F64) * 5 - 1.5
+    right = torch.nn.functional.one_hot(first, K).bool()
+    if n_right > 1:                                                        # more right answers, drawn after
+        score = torch.rand(P, K, generator=g)
+        score[torch.arange(P), first] = -1
+        right.scatter_(1, score.topk(n_right - 1, -1).indices, True)
+    logits = logits + right * (shift - math.log(n_right))[:, None]
     return logits, right
 
 
@@ -162,8 +176,8 @@ def advantages(arms: list[str], r: torch.Tensor, value: torch.Tensor) -> torch.T
 
 def policy_gradient(logits: torch.Tensor, right: torch.Tensor, arms: list[str], u: torch.Tensor,
                     wrong_reward: torch.Tensor) -> torch.Tensor:
-    """R independent tables of logits (R, P, K), their right answers (R, P), arms[i] the arm of table i, rewards 1
-    for the right answer and wrong_reward (R,) otherwise; u (R, P, G) uniforms that pick the G sampled answers
+    """R independent tables of logits (R, P, K), which answers are right (R, P, K), arms[i] the arm of table i,
+    rewards 1 for a right answer and wrong_reward (R,) otherwise; u (R, P, G) uniforms that pick the G sampled answers
     (inverse CDF, so arms given the same u are paired). Returns the ascent direction −∇ grpo_loss of each table
     (R, P, K), each from its own batch of P·G samples (the mean over all R·P·G outputs, times R)."""
     theta = logits.detach().requires_grad_(True)
@@ -171,8 +185,8 @@ def policy_gradient(logits: torch.Tensor, right: torch.Tensor, arms: list[str], 
     probs = logp_all.detach().exp()
     o = torch.searchsorted(probs.cumsum(-1), u.contiguous()).clamp(max=K - 1)  # (R, P, G) sampled answers
     wrong = wrong_reward[:, None, None]
-    r = torch.where(o == right[..., None], torch.ones_like(wrong), wrong)
-    p_right = probs.gather(-1, right[..., None])[..., 0]
+    r = torch.where(right.gather(-1, o), torch.ones_like(wrong), wrong)
+    p_right = (probs * right).sum(-1)
     value = p_right + (1 - p_right) * wrong[..., 0]                           # (R, P) exact E[r | x]
     adv = advantages(arms, r, value)
     logp = logp_all.gather(-1, o).reshape(-1, 1)                                # one token per output
@@ -181,19 +195,19 @@ def policy_gradient(logits: torch.Tensor, right: torch.Tensor, arms: list[str], 
     return -grad
 
 
-def gradient_noise(seed: int, n_batches: int = 400) -> dict:
+def gradient_noise(seed: int, n_batches: int = 400, n_right: int = 1, codings=(("0/1", 0.0), ("±1", -1.0))) -> dict:
     """At the starting policy: relative variance E‖g − ḡ‖²/‖ḡ‖² of each arm's batch gradient over n_batches
     independent batches (the same batches' uniforms for every arm), and the mean cosine between a batch gradient
     and the exact ∇J, J = mean accuracy."""
-    logits, right = verifiable_toy(seed)
+    logits, right = verifiable_toy(seed, n_right)
     pi = logits.softmax(-1)
-    p = pi[torch.arange(P), right]
-    true = p[:, None] * (torch.nn.functional.one_hot(right, K).to(F64) - pi) / P  # ∇J for 0/1 rewards (×2 for ±1)
+    p = (pi * right).sum(-1)
+    true = pi * (right.to(F64) - p[:, None]) / P                      # ∇J for 0/1 rewards (×2 for ±1)
     u = torch.rand(n_batches, P, G, generator=torch.Generator().manual_seed(seed + 1), dtype=F64)  # shared by arms
     out = {}
-    for coding, wrong in (("0/1", 0.0), ("±1", -1.0)):
+    for coding, wrong in codings:
         for arm in ARMS:
-            grads = policy_gradient(logits.expand(n_batches, P, K), right.expand(n_batches, P), [arm] * n_batches,
+            grads = policy_gradient(logits.expand(n_batches, P, K), right.expand(n_batches, P, K), [arm] * n_batches,
                                     u, torch.full((n_batches,), wrong, dtype=F64)).reshape(n_batches, -1)
             mean = grads.mean(0)
             out[f"{arm}, rewards {coding}"] = {
@@ -222,7 +236,7 @@ def learning_curves(seeds: list[int], steps: int = 60, lr: float = 0.05) -> torc
     curve = []
     for _ in range(steps):
         probs = theta.detach().softmax(-1)
-        curve.append(probs.gather(-1, right[..., None])[..., 0].mean(1))
+        curve.append((probs * right).sum(-1).mean(1))
         u = torch.rand(len(seeds), 1, P, G, generator=g, dtype=F64).expand(-1, n_arm, -1, -1).reshape(-1, P, G)
         theta.grad = -policy_gradient(theta, right, names, u, wrong)
         opt.step()
@@ -397,7 +411,7 @@ def kl_run(seeds: list[int], betas=(0.0, 0.04), steps: int = 400, lr: float = 0.
     end, and the share of all-equal groups over the last 50 steps."""
     tables, rights = zip(*(verifiable_toy(s) for s in seeds))
     ref = torch.stack(tables).log_softmax(-1)                              # (S, P, K)
-    right = torch.stack(rights)
+    right = torch.stack(rights).to(torch.long).argmax(-1)                  # (S, P): the one right answer
     theta = ref[:, None].repeat(1, len(betas), 1, 1).requires_grad_(True)  # (S, B, P, K)
     opt = torch.optim.Adam([theta], lr=lr)
     g = torch.Generator().manual_seed(seeds[0] + 13)
@@ -477,11 +491,14 @@ def test_share_of_zero_gradient_groups_is_p_to_the_G(ev, seed):
 @pytest.mark.claim("C-GRPO-1", "confirmed")
 def test_group_baseline_against_reinforce_and_a_value_baseline(ev, seed):
     """Gradient noise at the starting policy and accuracy at equal samples on the verifiable toy, seeds seed..seed+2.
-    A baseline removes the reward's offset: with ±1 rewards REINFORCE without one is noisier than GRPO; with 0/1
-    rewards it is not (wrong outputs contribute nothing, and most samples of hard questions are wrong). GRPO's
+    With ±1 rewards REINFORCE without a baseline is noisier than GRPO. With 0/1 rewards and ONE right answer per
+    question it is not: wrong outputs contribute nothing and every right sample's score, e_right − π, points along
+    that question's exact gradient, so only the count of right samples is noisy. The control adds a second right
+    answer (about the same starting accuracy): then REINFORCE 0/1 is the noisier one, as the textbook says. GRPO's
     group mean is an estimate of V(x) from G = 8 samples: the exact value baseline (a perfect value model) is less
     noisy and learns faster. GRPO learns without any value model, and its runs under 0/1 and ±1 coincide. Would
-    change the verdict if GRPO failed to learn, or if it were not blind to the reward's offset."""
+    change the verdict if GRPO failed to learn, or if it were not blind to the reward's offset; the REINFORCE
+    reading would change if the control did not reverse it."""
     seeds = [seed, seed + 1, seed + 2]
     noise = [gradient_noise(s) for s in seeds]
     for name in noise[0]:
@@ -520,6 +537,17 @@ def test_group_baseline_against_reinforce_and_a_value_baseline(ev, seed):
     ev.record("relative variance, REINFORCE 0/1 / GRPO, mean of 3 seeds", rv_rf01, key=False)
     ev.record("relative variance, exact value baseline / GRPO, largest of 3 seeds", rv_value, key=False)
     ev.record("GRPO: accuracy gain over 60 steps, smallest of 3 seeds", gain, key=False)
+    # the control: the same toy with two right answers per question (the first one and its shift unchanged)
+    two = [gradient_noise(s, n_right=2, codings=(("0/1", 0.0),)) for s in seeds]
+    for arm in ("REINFORCE, no baseline", "group mean / std (GRPO)", "exact value baseline"):
+        name = f"{arm}, rewards 0/1"
+        ev.record(f"two right answers: {name}: relative variance, cosine with ∇J (mean of 3 seeds)",
+                  [sum(n[name][k] for n in two) / 3 for k in ("relative variance", "cosine with the true gradient")])
+    ev.record("two right answers: starting accuracy (mean of 3 seeds)",
+              sum(n["starting accuracy, mean and range over questions"][0] for n in two) / 3)
+    rv_two = sum(n["REINFORCE, no baseline, rewards 0/1"]["relative variance"]
+                 / n["group mean / std (GRPO), rewards 0/1"]["relative variance"] for n in two) / 3
+    ev.record("two right answers: relative variance, REINFORCE 0/1 / GRPO, mean of 3 seeds", rv_two, expect="> 1")
     # exact: GRPO's gradient ignores the reward coding (up to its eps = 1e-4 on the std)
     assert gap < 1e-3
     # THRESHOLDS from seeds 100-139 (40 base seeds; "of 3" = over seeds s, s+1, s+2):
@@ -527,6 +555,9 @@ def test_group_baseline_against_reinforce_and_a_value_baseline(ev, seed):
     # 0.71 +- 0.06 (max 0.89); exact value baseline / GRPO, largest of 3: 0.852 +- 0.017 (max 0.895)
     assert rv_rf > 1.1
     assert rv_rf01 < 1.0
+    # two right answers, REINFORCE 0/1 / GRPO, mean of 3: 1.217 +- 0.054 (min 1.114); starting accuracy 0.30 +- 0.03
+    # against 0.26 +- 0.03 with one (mean of 3, seeds 100-139)
+    assert rv_two > 1.0
     assert rv_value < 0.97
     # GRPO learns: accuracy after 60 steps minus before, smallest of 3: 0.49 +- 0.05 (min 0.42)
     assert gain > 0.25
