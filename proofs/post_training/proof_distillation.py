@@ -326,7 +326,7 @@ def test_soft_targets_carry_more_than_argmax_or_one_sample(ev, seed):
     true chain than any student given one label per position (the teacher's argmax, one teacher sample, or the
     data's next token), even when those are stopped at their best point of the curve (an early stop chosen on the
     held-out walks, which favours them); eight teacher samples per position land in between. The argmax student picks
-    the chain's top token at least as often as the soft students and gets the distribution wrong. Would fail (and soft
+    the chain's top token almost every time (top-1 > 0.9) and gets the distribution wrong. Would fail (and soft
     targets would carry no more than labels) if a one-label arm came within a factor 1.5 of the soft arms' KL, if
     eight samples did no better than one, or if eight samples matched the soft targets."""
     runs = {arm: student_run(seed, arm) for arm in ARMS}
@@ -356,8 +356,18 @@ def test_soft_targets_carry_more_than_argmax_or_one_sample(ev, seed):
     assert best_one_label > 1.5 * max(soft)
     # argmax KL / worst soft KL: log mean 3.40 ± 0.41, ratio min 16, max 77 -> > 5 is 4.4 sd below the mean
     assert runs["teacher's argmax"]["kl"] > 5 * max(soft)
+    top1_gap = runs["teacher's argmax"]["top-1 agreement"] - max(runs[a]["top-1 agreement"] for a in ARMS[1:4])
+    ev.record("teacher's argmax: top-1 agreement minus the best soft student's", top1_gap, key=False)
+    # argmax top-1: 0.993 ± 0.007, min 0.970 over seeds 100-139 (140-179: min 0.960) -> > 0.9 is 12 sd below the
+    # mean: it gets the top token right and the distribution wrong. (Its lead over the best soft student, 0.048 ±
+    # 0.018, min 0.019 over 80 seeds, is positive on every seed but only 2.6 sd from 0, so it is not asserted.)
+    assert runs["teacher's argmax"]["top-1 agreement"] > 0.9
     s1, s8 = runs["teacher samples, 1 per position"]["kl"], runs["teacher samples, 8 per position"]["kl"]
+    ev.record("teacher samples, 8 per position: KL / best soft KL", s8 / min(soft), key=False)
     # 8 samples / 1 sample: 0.115 ± 0.029, max 0.18 -> < 0.3 is 6.4 sd above the mean
     assert s8 < 0.3 * s1
-    # 8 samples / best soft KL: log mean 1.16 ± 0.37, ratio min 1.53 -> > 1 is 3.1 sd below the mean
+    # 8 samples / best soft KL: log mean 1.16 ± 0.37, ratio min 1.53 -> > 1 is 3.1 sd below the mean (seeds 100-139);
+    # tail check on seeds 140-179: ratio 3.38 ± 1.43, min 1.63, 0 failures. "> 1" is the weakest form of "eight
+    # draws do not match the exact target" (it cannot be lowered and keep its meaning); the margin is the observed
+    # minimum over 80 seeds, 1.5x above it
     assert s8 > min(soft)
