@@ -29,10 +29,32 @@ TRAINING_CODE = ("arms", "base_config", "stdlib_files", "build_corpus", "lr_at",
 REQUIRED = ("preset", "device", "torch", "corpus", "steps", "runs", "summary", "training_fingerprint", "date")
 
 
-def training_fingerprint(runner: Path = ROOT / "proofs" / "at_scale.py") -> str:
+MODEL_ROOTS = ("models.py", "attention.py")  # the shared-model files proofs/at_scale.py builds its runs from
+
+
+def model_files(package: Path = ROOT / "proofs" / "transformer") -> list[Path]:
+    """The files of the shared model a run computes with: MODEL_ROOTS and every module of the package they import,
+    directly or through one another (relative imports, lazy ones inside functions included). The package's other
+    files (LoRA, quantisation, decoding helpers, adapters and mixers the runs never build) are left out, so adding
+    one does not make a record stale."""
+    todo, seen = list(MODEL_ROOTS), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or not (package / name).is_file():
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((package / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                todo += [f"{node.module}.py"] if node.module else [f"{a.name}.py" for a in node.names]
+    return sorted(package / n for n in seen)
+
+
+def training_fingerprint(runner: Path = ROOT / "proofs" / "at_scale.py",
+                         package: Path = ROOT / "proofs" / "transformer") -> str:
     """sha256 (16 hex) of the code that decides what a run computes: TRAINING_CODE's source (read from the file,
-    decorators included) and the shared model package. Scheduling and timing are left out, so a faster runner does
-    not make a record stale; a change to any of these does."""
+    decorators included) and the shared model's files that the runs import (model_files). Scheduling and timing
+    are left out, so a faster runner does not make a record stale; a change to any of these does. (Records before
+    2026-11-27 hashed every file of the package.)"""
     text = runner.read_text(encoding="utf-8")
     lines = text.splitlines(keepends=True)
     defs = {n.name: n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}
@@ -41,7 +63,7 @@ def training_fingerprint(runner: Path = ROOT / "proofs" / "at_scale.py") -> str:
         node = defs[name]
         first = min([node.lineno] + [d.lineno for d in node.decorator_list])
         h.update("".join(lines[first - 1:node.end_lineno]).encode())
-    for f in sorted((ROOT / "proofs" / "transformer").glob("*.py")):
+    for f in model_files(package):
         h.update(f.name.encode() + f.read_bytes())
     return h.hexdigest()[:16]
 

@@ -102,6 +102,22 @@ def test_the_training_fingerprint_ignores_scheduling_but_not_training(tmp_path):
     assert R.training_fingerprint(training) != R.training_fingerprint()
 
 
+def test_the_training_fingerprint_covers_the_model_files_a_run_imports(tmp_path):
+    """A new module of the shared package that the runs never import (an adapter, a mixer in its own file) leaves a
+    record fresh; an edit to one they do import (models.py, or config.py through it) makes it stale."""
+    import shutil
+    pkg = tmp_path / "transformer"
+    shutil.copytree(ROOT / "proofs" / "transformer", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    before = R.training_fingerprint(package=pkg)
+    assert before == R.training_fingerprint()
+    assert {"models.py", "attention.py", "config.py", "layers.py"} <= {f.name for f in R.model_files(pkg)}
+    assert "lora.py" not in {f.name for f in R.model_files(pkg)}
+    (pkg / "new_adapter.py").write_text("X = 1\n")
+    assert R.training_fingerprint(package=pkg) == before
+    (pkg / "config.py").write_text((pkg / "config.py").read_text() + "\n# an edit\n")
+    assert R.training_fingerprint(package=pkg) != before
+
+
 def test_boxes_render_from_the_record_and_say_when_there_is_none(tmp_path, monkeypatch):
     """A marker becomes a table with the reading; without records the box says how to make one; an unknown name
     is an error naming the known ones."""
