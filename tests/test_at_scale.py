@@ -61,7 +61,7 @@ def test_one_switch_per_arm(tiny_record):
         assert changed == set(arm.switches), (name, changed)
 
 
-@pytest.mark.parametrize("name", ["gpu", "gpu-longer"])
+@pytest.mark.parametrize("name", ["gpu", "gpu-longer"])  # gpu-longer: a partial longer run, where one is committed
 def test_the_committed_records_are_complete_and_consistent(name):
     """The committed record's summary is what its runs say (mean and sd per arm), it names its device, corpus and
     training code, and the longer partial run says which arms it lacks."""
