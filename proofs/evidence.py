@@ -14,6 +14,8 @@ no longer matches the code, so a page never shows numbers of an older proof.
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import json
 import math
@@ -25,13 +27,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE_DIR = Path(os.environ.get("PROOF_EVIDENCE_DIR", ROOT / "evidence"))
-# Files every proof depends on besides its own: a change to any of them makes all evidence stale.
-SHARED_FILES = ("tasks.py", "train.py", "evidence.py", "measure.py", "distributed.py")
-SHARED_PACKAGES = ("transformer",)  # every file of proofs/transformer/
+# What a proof's fingerprint covers: its own file, the project modules it imports (followed through their imports),
+# and of the shared model package only the files that hold the names it imports and what those import in turn.
+SHARED_FILES = ("evidence.py",)  # hashed for every proof: the plugin records all evidence through it
+SHARED_PACKAGES = ("transformer",)  # packages resolved name by name through their __init__.py re-exports
 VERDICTS = ("confirmed", "nuanced", "refuted")
-
-
-IMPORTED = re.compile(r"^\s*from proofs\.([\w.]+) import", re.M)
 
 
 def _module_file(module: str) -> Path | None:
@@ -39,26 +39,93 @@ def _module_file(module: str) -> Path | None:
     return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
 
 
+@functools.lru_cache(maxsize=None)
+def _imports(path: Path, stamp: tuple[int, int]) -> tuple[tuple, tuple]:
+    """A file's (project imports, relative imports), parsed once per version of the file (stamp: mtime_ns, size).
+    Project imports: (module under proofs., names) for every `from proofs.x import a, b` / `import proofs.x`;
+    relative imports: the file names of its `from .x import ...` / `from . import x`. Lazy imports inside
+    functions count too."""
+    project, relative = [], []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("proofs."):
+            project.append((node.module[len("proofs."):], tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.Import):
+            project += [(a.name[len("proofs."):], ()) for a in node.names if a.name.startswith("proofs.")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 1:
+            relative += [f"{node.module}.py"] if node.module else [f"{a.name}.py" for a in node.names]
+    return tuple(project), tuple(relative)
+
+
+def _imports_of(path: Path) -> tuple[tuple, tuple]:
+    st = path.stat()
+    return _imports(path, (st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=None)
+def _exports(init: Path, stamp: tuple[int, int]) -> dict[str, str]:
+    out = {}
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.py" if node.module else f"{a.name}.py"
+    return out
+
+
+def _package_exports(package: Path) -> dict[str, str]:
+    """name -> the package's file that defines it, read from the __init__.py's `from .x import name` lines."""
+    st = (package / "__init__.py").stat()
+    return _exports(package / "__init__.py", (st.st_mtime_ns, st.st_size))
+
+
+def _package_closure(package: Path, files: set[str]) -> set[Path]:
+    """The given files of a package and every file of it they import (relative imports, lazy ones included)."""
+    todo, seen = list(files), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or not (package / name).is_file():
+            continue
+        seen.add(name)
+        todo += _imports_of(package / name)[1]
+    return {(package / n).resolve() for n in seen}
+
+
 def imported_modules(proof_file: Path | str) -> list[Path]:
     """The project modules a proof file imports from (`from proofs.x import ...`), followed through the modules
-    they import in turn: a proof's shared set-up (e.g. proofs/warmup_runs.py) is part of its code."""
+    they import in turn: a proof's shared set-up (e.g. proofs/warmup_runs.py) is part of its code. From a shared
+    package (the model) only the files that define the imported names count, with the files those import: a new
+    module of the package that a proof never reaches does not change its fingerprint."""
+    own = Path(proof_file).resolve()
     seen: set[Path] = set()
-    todo = [Path(proof_file).resolve()]
+    todo = [own]
     while todo:
-        for m in IMPORTED.findall(todo.pop().read_text(encoding="utf-8")):
-            p = _module_file(m)
-            if p is not None and p.resolve() not in seen and p.resolve() != Path(proof_file).resolve():
-                seen.add(p.resolve())
-                todo.append(p.resolve())
+        found: set[Path] = set()
+        for module, names in _imports_of(todo.pop())[0]:
+            top, _, sub = module.partition(".")
+            if top in SHARED_PACKAGES:
+                pkg = ROOT / "proofs" / top
+                if sub:
+                    files = {f"{sub}.py"}
+                else:
+                    exports = _package_exports(pkg)
+                    files = {exports[n] for n in names if n in exports} | {f"{n}.py" for n in names if n not in exports}
+                found |= _package_closure(pkg, files)
+            else:
+                p = _module_file(module)
+                if p is not None:
+                    found.add(p.resolve())
+        for p in sorted(found - seen - {own}):
+            seen.add(p)
+            if not any(p.is_relative_to(ROOT / "proofs" / pkg) for pkg in SHARED_PACKAGES):
+                todo.append(p)
     return sorted(seen)
 
 
 def fingerprint(proof_file: Path | str) -> str:
-    """sha256 over the proof file, the project modules it imports from, and the shared library."""
+    """sha256 over the proof file, the project modules it reaches (imported_modules) and SHARED_FILES."""
     h = hashlib.sha256()
-    own = Path(proof_file)
-    paths = [own, *imported_modules(own)] + [ROOT / "proofs" / name for name in SHARED_FILES]
-    paths += sorted(p for pkg in SHARED_PACKAGES for p in (ROOT / "proofs" / pkg).glob("*.py"))
+    own = Path(proof_file).resolve()
+    paths = [own, *imported_modules(own)]
+    paths += [p for p in (ROOT / "proofs" / name for name in SHARED_FILES) if p not in paths]
     for p in paths:
         h.update(p.relative_to(ROOT).as_posix().encode() if p.is_relative_to(ROOT) else p.name.encode())
         h.update(Path(p).read_bytes())

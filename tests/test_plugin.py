@@ -51,3 +51,31 @@ def test_stale_lists_exactly_the_proof_files_without_current_evidence(tmp_path, 
     assert PROOF in stale.stale_files(seed=7)[0]  # another seed: rerun
     write(FAST, fingerprint="0" * 16)  # older code: rerun
     assert PROOF in stale.stale_files(seed=0)[0]
+
+
+def test_a_fingerprint_covers_what_the_proof_reaches_and_nothing_else(tmp_path, monkeypatch):
+    """A proof's fingerprint changes when its own file, a set-up module it imports, or a file of the shared model
+    that holds (or is imported by) a name it imports changes; a new module of the model package that it never
+    reaches, or an unrelated set-up module, leaves it (and the evidence and seed records stamped with it) current."""
+    import shutil
+
+    from proofs import evidence as E
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "proofs", root / "proofs", ignore=shutil.ignore_patterns("__pycache__", "*.txt", "*.yml"))
+    monkeypatch.setattr(E, "ROOT", root)
+    proof = root / "proofs" / "generation" / "proof_lora.py"  # imports tasks, train, DecoderLM, apply_lora ...
+    reached = {p.relative_to(root).as_posix() for p in E.imported_modules(proof)}
+    assert {"proofs/train.py", "proofs/transformer/lora.py", "proofs/transformer/models.py",
+            "proofs/transformer/config.py"} <= reached
+    assert not {"proofs/transformer/__init__.py", "proofs/transformer/speculative.py", "proofs/distributed.py"} & reached
+    before = E.fingerprint(proof)
+    (root / "proofs" / "transformer" / "new_mixer.py").write_text("from .config import ConfigError\n")
+    init = root / "proofs" / "transformer" / "__init__.py"
+    init.write_text(init.read_text() + "from .new_mixer import ConfigError as _unused\n")
+    (root / "proofs" / "distributed.py").write_text((root / "proofs" / "distributed.py").read_text() + "# edit\n")
+    assert E.fingerprint(proof) == before
+    for changed in ("transformer/feedforward.py", "train.py", "evidence.py"):  # reached through models.py; imported; always
+        f = root / "proofs" / changed
+        f.write_text(f.read_text() + "# edit\n")
+        assert E.fingerprint(proof) != before, changed
+        before = E.fingerprint(proof)
