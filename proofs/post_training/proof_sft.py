@@ -115,10 +115,10 @@ def exact_check(seed: int) -> dict:
 # %% [markdown]
 # ## 2. Toy 1: a response computed from the prompt
 #
-# A prompt is 4-8 tokens of a fixed Markov chain over the 16 content tokens (`markov_table`, so the prompt has a
-# language a model can learn, with a loss floor well below ln V); the response is the prompt reversed ("long", 4-8
+# A prompt is 3-6 tokens of a fixed Markov chain over the 16 content tokens (`markov_table`, so the prompt has a
+# language a model can learn, with a loss floor well below ln V); the response is the prompt reversed ("long", 3-6
 # tokens) or its last two tokens reversed ("short"), then EOS. Every step draws a fresh batch of 32; both arms see the
-# same batches and the same initial weights, for the same 200 Adam steps; only the labels differ.
+# same batches and the same initial weights, for the same 80 Adam steps; only the labels differ.
 
 # %%
 # --8<-- [start:toy]
@@ -244,9 +244,10 @@ def generation_lengths(model: DecoderLM, seed: int) -> dict:
 # ## 4. Toy 2: a response in the prompt's own language, few examples
 #
 # The other side of the choice. Here the response continues the prompt's text: 10 chain tokens of prompt, SEP, the next
-# 2 chain tokens as the response, EOS. The training set is small, 128 examples, drawn from for the same 200 steps of 32
-# (50 passes). With the prompt masked, each example teaches 2 transitions of the chain; with the prompt in the loss it
-# teaches 11. What is read is the response's excess loss on 512 held-out prompts: the model's −log p of the 2 response
+# 2 chain tokens as the response, EOS. The training set is small, 64 examples, drawn from for the same 80 steps of 32
+# (40 passes). With the prompt masked, each example teaches 2 transitions of the chain; with the prompt in the loss 9
+# more (plus the first token and SEP). What is read is the response's excess loss on 512 held-out prompts (and on the
+# 64 training examples, to see over-fitting): the model's −log p of the 2 response
 # tokens minus the chain's own (0 is perfect).
 
 # %%
@@ -265,7 +266,7 @@ def continue_batch(g: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tens
 @functools.lru_cache(maxsize=None)
 def continue_run(seed: int, mask_prompt: bool) -> DecoderLM:
     g = torch.Generator().manual_seed(seed)
-    ids, plen = continue_batch(g, N_EXAMPLES)
+    ids, plen = continue_batch(g, N_EXAMPLES)                          # = continue_train_set(seed)
     x, y = ids[:, :-1], sft_labels(ids, plen, mask_prompt)
     picks = torch.randint(0, N_EXAMPLES, (STEPS, BATCH), generator=g)  # the same draws for both arms
     torch.manual_seed(seed)
@@ -274,10 +275,17 @@ def continue_run(seed: int, mask_prompt: bool) -> DecoderLM:
     return model.eval()
 
 
+def continue_train_set(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 64 training examples of continue_run(seed, ...): the same generator, the same first draw."""
+    return continue_batch(torch.Generator().manual_seed(seed), N_EXAMPLES)
+
+
 @torch.no_grad()
-def response_excess(model: DecoderLM, seed: int) -> float:
-    """Mean over the held-out response tokens of (model −log p) − (chain −log p)."""
-    ids, plen = continue_batch(torch.Generator().manual_seed(3 * 10**6 + seed), 512)
+def response_excess(model: DecoderLM, seed: int, ids: torch.Tensor | None = None,
+                    plen: torch.Tensor | None = None) -> float:
+    """Mean over the response tokens of (model −log p) − (chain −log p): on 512 held-out prompts, or on (ids, plen)."""
+    if ids is None:
+        ids, plen = continue_batch(torch.Generator().manual_seed(3 * 10**6 + seed), 512)
     labels = sft_labels(ids, plen, True).masked_fill(ids[:, 1:] == EOS, IGNORE)  # the 2 chain tokens
     nll = -token_logprobs(model(ids[:, :-1]), labels)
     prev = torch.where(ids[:, :-1] == SEP, ids[:, :-1].roll(1, 1), ids[:, :-1]) - 4  # SEP: the token before it
@@ -400,14 +408,28 @@ def test_masked_model_never_learns_the_prompt_and_answers_sooner(ev, seed):
 
 @pytest.mark.claim("C-FOLK-35", "nuanced")
 def test_prompt_loss_helps_when_the_prompt_is_text_like_the_answer(ev, seed):
-    """Toy 2: the response continues the prompt's own language and there are only 128 training examples. Here the
-    prompt's tokens are extra examples of what the response needs, and the unmasked model's response loss is lower.
-    Would fail (and C-FOLK-35 would stand as a rule) if masking won here too."""
-    m = response_excess(continue_run(seed, True), seed)
-    u = response_excess(continue_run(seed, False), seed)
+    """Toy 2: the response continues the prompt's own language and there are only 64 training examples. Here the
+    prompt's tokens are extra examples of what the response needs, and the unmasked model's held-out response loss is
+    lower. Also read on the 64 training examples: the masked model fits their responses more closely and generalises
+    worse (a larger train-to-held-out gap), the over-fitting signature Shi et al. (2024) report for output-only loss.
+    Would fail (and C-FOLK-35 would stand as a rule) if masking won on held-out prompts here too, or if the masked
+    arm's gap were not the larger one."""
+    m_model, u_model = continue_run(seed, True), continue_run(seed, False)
+    m, u = response_excess(m_model, seed), response_excess(u_model, seed)
+    train_ids, train_plen = continue_train_set(seed)
+    m_train = response_excess(m_model, seed, train_ids, train_plen)
+    u_train = response_excess(u_model, seed, train_ids, train_plen)
     ev.record("prompt masked: response loss above the chain's", m)
     ev.record("prompt in the loss: response loss above the chain's", u)
     ev.record("masked minus unmasked", m - u, key=False)
+    ev.record("prompt masked: same, on the 64 training examples", m_train)
+    ev.record("prompt in the loss: same, on the 64 training examples", u_train)
+    ev.record("held-out minus training, masked and unmasked", [m - m_train, u - u_train])
+    ev.record("gap difference: masked gap minus unmasked gap", (m - m_train) - (u - u_train), key=False)
     # THRESHOLD, seeds 100-139: masked 1.74 +- 0.35, unmasked 0.86 +- 0.25, masked minus unmasked 0.88 +- 0.27
     # (min 0.43): 0.05 is 3.1 sd below the mean
     assert m - u > 0.05
+    # THRESHOLD, seeds 100-139: excess on the training examples, masked -0.61 +- 0.20 (below the chain's own entropy:
+    # it has memorised their answers), unmasked -0.22 +- 0.11; the masked gap minus the unmasked gap 1.27 +- 0.35
+    # (min 0.54): 0.1 is 3.3 sd below the mean and below the minimum
+    assert (m - m_train) - (u - u_train) > 0.1
