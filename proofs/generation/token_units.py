@@ -10,7 +10,7 @@ deterministic split of `proofs/generation/corpus.txt`, and count what it does to
 | `word_level(train, k)` | the k most frequent words (Whitespace pre-tokeniser: runs of letters/digits, or of punctuation) + [UNK] | yes |
 | `char_level(train)` | every character of the training text (a space is "▁") + [UNK]: BPE with no merge | yes |
 | `char_bpe(train, v)` | BPE over characters, v entries in all (Sennrich et al. 2016, §3.2) + [UNK] | yes |
-| `byte_bpe(train, v)` | BPE over the 256 UTF-8 byte symbols, v entries in all (Radford et al. 2019, §2.2) | no |
+| `byte_bpe(train, v)` | BPE over the 256 UTF-8 byte symbols after GPT-2's pre-tokenisation split, v entries in all (Radford et al. 2019, §2.2) | no |
 
 Shapes: every tokeniser maps a str to a list of int ids (`tok.encode(s).ids`, length n_tokens); the embedding table
 of a model on top is (vocab_size, d_model). Bad settings raise `ConfigError` naming the fix.
@@ -71,7 +71,9 @@ def byte_bpe(train: list[str], v: int) -> Tokenizer:
     if v < BYTES:
         raise ConfigError(f"byte-level BPE needs v >= {BYTES} (got {v}): the 256 byte symbols come first, merges after")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # text -> UTF-8 bytes, one symbol each
+    # text -> UTF-8 bytes, one symbol each; use_regex (the library's default) first splits the text with GPT-2's
+    # pattern (letters, digits, punctuation, spaces apart), so no merge crosses those categories (Radford et al. §2.2)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(train, trainers.BpeTrainer(vocab_size=v, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                                        show_progress=False))
