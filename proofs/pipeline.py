@@ -18,9 +18,12 @@ Orders (`gpipe_order`, `one_f_one_b_order`, `interleaved_order`):
 * GPipe (Huang et al. 2019): all m forwards, then all m backwards (last micro-batch first).
 * 1F1B, PipeDream-Flush (Narayanan et al. 2021, §2.2.1): device d runs min(p-d-1, m) warm-up forwards, then
   alternates one forward and one backward, then drains the remaining backwards.
-* Interleaved 1F1B (§2.2.2), the order of Megatron-LM's `forward_backward_pipelining_with_interleaving`:
-  forwards go through micro-batches in groups of p, chunk 0 first; backwards likewise with the chunks reversed;
-  device d warms up with (p-d-1)·2 + (v-1)·p forwards (all m·v when m = p). It needs m to be a multiple of p.
+* Interleaved 1F1B (§2.2.2), the order of Megatron-LM's `forward_backward_pipelining_with_interleaving` as written
+  before its Nov 2024 rework (commit 4295be1a6c): forwards go through micro-batches in groups of p, chunk 0 first;
+  backwards likewise with the chunks reversed; device d warms up with (p-d-1)·2 + (v-1)·p forwards (all m·v when
+  m = p). It needs m to be a multiple of p. (Since that rework the group size is tunable, p..m, default p, and m
+  mod group may be 0 or >= p; the m = p branch is gone. With the default group the order below is unchanged
+  except at m = p, where the bubble and device 0's peak come out the same.)
 
 `Schedule` holds the per-device timelines (one label per time unit, None when idle), idle units, and the peak
 number of micro-batches whose activations a device holds (F done, B not yet), per device.
@@ -82,11 +85,12 @@ def one_f_one_b_order(p: int, m: int) -> list[list[Op]]:
 
 
 def interleaved_order(p: int, m: int, v: int) -> list[list[Op]]:
-    """Megatron-LM's interleaved 1F1B with v chunks per device (m must be a multiple of p)."""
+    """Megatron-LM's interleaved 1F1B with v chunks per device, groups of p micro-batches (m a multiple of p)."""
     _check(p, m, v)
     if m % p:
         raise ConfigError(f"interleaved schedule with m={m} micro-batches on p={p} devices: m must be a multiple "
-                          f"of p (Megatron-LM asserts it too); use m={-(-m // p) * p} or the plain 1F1B order.")
+                          f"of p (as in Megatron-LM with its default grouping of p micro-batches); use "
+                          f"m={-(-m // p) * p} or the plain 1F1B order.")
     total = m * v
 
     def nth(k: int, forward: bool) -> Op:  # the k-th forward (or backward) op of a device

@@ -202,7 +202,8 @@ def test_1f1b_has_the_same_bubble_and_interleaving_divides_it_by_v(ev):
     bubble. Interleaved 1F1B with v in {2, 4} chunks per device (each chunk F = 1, B = 2, a stage being v chunks):
     idle / useful = (p-1)/(m·v) exactly for every m that is a multiple of p, the schedule's precondition (other m
     raise ConfigError, as Megatron-LM asserts). Would be refuted if 1F1B's makespan differed from GPipe's anywhere,
-    or interleaving did not divide the bubble by exactly v."""
+    or interleaving did not divide the bubble by exactly v. Also: with (F, B) = (1, 1), (1, 3), (3, 2) GPipe's and 1F1B's
+    step is (m+p-1)(F+B) on the whole grid, so the ratio B/F does not enter (stages still equal, messages free)."""
     runs = sweep()
     gaps = 0  # device i idles i·F before its first op and i·B after its last, in both schedules
     for (k, p, m, v), s in runs.items():
@@ -224,6 +225,13 @@ def test_1f1b_has_the_same_bubble_and_interleaving_divides_it_by_v(ev):
         ratio = s1.idle_over_useful() / sv.idle_over_useful()
         ev.record(f"p=4 m=8: 1F1B bubble / interleaved v={v} bubble", float(ratio), expect=str(v))
         assert ratio == v
+    # the ratio B/F does not enter: other (F, B) pairs, same grid, GPipe and 1F1B step = (m + p - 1)(F + B)
+    ratios_ok = sum(simulate(order(p, m), f=f, b=b).makespan == (m + p - 1) * (f + b)
+                    for f, b in ((1, 1), (1, 3), (3, 2)) for p, m in itertools.product(PS, MS)
+                    for order in (gpipe_order, one_f_one_b_order))
+    ev.record("(F, B) in {(1,1), (1,3), (3,2)}: GPipe and 1F1B runs with step = (m+p-1)(F+B)", ratios_ok,
+              expect=str(3 * 2 * len(PS) * len(MS)))
+    assert ratios_ok == 3 * 2 * len(PS) * len(MS)
     with pytest.raises(ConfigError, match="multiple") as err:
         interleaved_order(4, 6, 2)
     ev.record("interleaved with p=4, m=6", str(err.value), key=False)
@@ -236,7 +244,8 @@ def test_peak_in_flight_is_m_for_gpipe_and_p_minus_i_for_1f1b(ev):
     """Peak number of micro-batches whose activations a device holds (its forward ran, its backward has not):
     GPipe m on every device; 1F1B min(p-i, m) on device i, for p in {2, 4, 8}, m = 1..32. So GPipe's grows with m
     and 1F1B's is capped by the depth, at the same bubble (previous test). Would be refuted by any (p, m, i) where
-    the counts differ. Interleaving's peak in chunks is recorded, not claimed."""
+    the counts differ. Interleaving's device-0 peak at p = 4, m = 32 is asserted to be p·v + p - 1 chunks (our simulator's
+    count of Megatron's order, p + (p-1)/v whole stages), not a figure from the papers."""
     runs = sweep()
     g_ok = sum(runs["gpipe", p, m, 1].peak_in_flight == [m] * p for p, m in itertools.product(PS, MS))
     o_ok = sum(runs["1f1b", p, m, 1].peak_in_flight == [min(p - i, m) for i in range(p)]
@@ -252,6 +261,7 @@ def test_peak_in_flight_is_m_for_gpipe_and_p_minus_i_for_1f1b(ev):
                   [x / v for x in pk], expect="device 0 above p", key=False)
         ev.record(f"p=4 m=32 interleaved v={v}: device 0 peak, in micro-batches of a whole stage", pk[0] / v,
                   expect="> 4 (1F1B's)")
+        assert pk[0] == 4 * v + 4 - 1  # p·v + p - 1 chunks = p + (p-1)/v stages: our count, not a paper's claim
     assert g_ok == o_ok == n
 
 
