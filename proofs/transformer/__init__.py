@@ -12,6 +12,7 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     feedforward.py  the FFN, the GLU family, mixture of experts
     layers.py       residual sub-layers (Post-LN, Pre-LN, DeepNorm, parallel) and encoder/decoder layers
     cache.py        key/value caches: contiguous, rolling (sliding window), paged
+    prefix_cache.py prefix caching (a store keyed by token ids from position 0) and chunked prefill over the cache
     models.py       embeddings, stacks, EncoderTagger, DecoderLM, EncoderDecoder, initialisation
     decoding.py     greedy decoding, temperature/top-k/top-p sampling and beam search on one next-token function
     speculative.py  speculative decoding: a draft proposes, the target verifies (exact and folk acceptance rules)
@@ -20,6 +21,7 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     quant.py        post-training quantisation: absmax int8/int4 per tensor/channel/group, W8A8 matmul, LLM.int8;
                     QLoRA's NF4 levels, blockwise NF4, bits per parameter with double quantisation
     lora.py         LoRA: a frozen linear layer plus (alpha/r)·B A, applied by name, merged back into nn.Linear
+    peft.py         prompt tuning, prefix tuning (a pre-filled KV cache), Houlsby adapters: applied and removed
 
 Shape comments use B = batch, T = time (Tq queries, Tk keys), nh = query heads, n_kv = key/value
 heads, hs = head size (d_k = d_v = d_model / n_heads), C = d_model, V = vocabulary.
@@ -28,12 +30,15 @@ Mask convention (as in torch.nn): a bool tensor where True marks a position that
 
 from .attention import MultiHeadAttention, causal_mask, end_aligned, hidden, record_attention, repeat_kv, tiled_attention
 from .cache import BlockPool, KVCache, PagedKVCache, RollingKVCache
+from .prefix_cache import PrefixStore, chunked_prefill, copy_cache, prefill_with_store
 from . import batching, speculative  # modules: from proofs.transformer.speculative import speculative_generate
 from .config import ConfigError, TransformerConfig
 from .decoding import Beams, beam_search, check_filters, filter_logits, gnmt_lp, greedy, lm_beam_fns, nucleus, sample
 from .feedforward import FeedForward, MoEFeedForward
 from .latent import AbsorbedLatentAttention, LatentAttention
 from .lora import LoRALinear, apply_lora, merge_lora, trainable_parameters
+from .peft import (Adapter, PrefixSelfAttention, PromptEmbeddings, apply_adapters, apply_prefix_tuning, apply_prompt_tuning,
+                   peft_formula, remove_peft)
 from .layers import DecoderLayer, EncoderLayer, Residual
 from .models import Decoder, DecoderLM, Embeddings, Encoder, EncoderDecoder, EncoderTagger, Head, init_weights
 from .norms import RMSNorm, TokenBatchNorm, make_norm
@@ -56,10 +61,13 @@ __all__ = [
     "Residual", "EncoderLayer", "DecoderLayer", "Embeddings", "Encoder", "Decoder", "Head", "init_weights",
     "EncoderTagger", "DecoderLM", "EncoderDecoder",
     "KVCache", "RollingKVCache", "PagedKVCache", "BlockPool", "greedy",
+    "PrefixStore", "chunked_prefill", "copy_cache", "prefill_with_store",
     "filter_logits", "check_filters", "nucleus", "sample", "beam_search", "Beams", "gnmt_lp", "lm_beam_fns",
     "repetition_penalty", "naive_repetition_penalty", "frequency_presence_penalty", "no_repeat_ngram",
     "banned_by_ngram", "with_processors",
     "LoRALinear", "apply_lora", "merge_lora", "trainable_parameters",
+    "Adapter", "PrefixSelfAttention", "PromptEmbeddings", "apply_adapters", "apply_prefix_tuning", "apply_prompt_tuning",
+    "peft_formula", "remove_peft",
     "nf4_levels", "nf4_quantise", "nf4_dequantise", "bits_per_parameter",
     "quantise", "dequantise", "fake_quantise", "Quantised", "int8_matmul", "Int8Linear", "quantise_model",
 ]
