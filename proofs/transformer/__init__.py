@@ -12,7 +12,7 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     feedforward.py  the FFN, the GLU family, mixture of experts
     layers.py       residual sub-layers (Post-LN, Pre-LN, DeepNorm, parallel) and encoder/decoder layers
     cache.py        key/value caches: contiguous, rolling (sliding window), paged
-    prefix_cache.py prefix caching (a store keyed by token ids from position 0) and chunked prefill over the cache
+    kv_quant.py     a quantised KV cache (KVCache subclass): 2/4/8-bit keys and values per token or per channel, KIVI's residual
     prefix_cache.py prefix caching (a store keyed by token ids from position 0) and chunked prefill over the cache
     models.py       embeddings, stacks, EncoderTagger, DecoderLM, EncoderDecoder, initialisation
     decoding.py     greedy decoding, temperature/top-k/top-p sampling and beam search on one next-token function
@@ -31,7 +31,7 @@ Mask convention (as in torch.nn): a bool tensor where True marks a position that
 
 from .attention import MultiHeadAttention, causal_mask, end_aligned, hidden, record_attention, repeat_kv, tiled_attention
 from .cache import BlockPool, KVCache, PagedKVCache, RollingKVCache
-from .prefix_cache import PrefixStore, chunked_prefill, copy_cache, prefill_with_store
+from .kv_quant import QuantisedKVCache
 from .prefix_cache import PrefixStore, chunked_prefill, copy_cache, prefill_with_store
 from . import batching, speculative  # modules: from proofs.transformer.speculative import speculative_generate
 from .config import ConfigError, TransformerConfig
@@ -63,7 +63,6 @@ __all__ = [
     "Residual", "EncoderLayer", "DecoderLayer", "Embeddings", "Encoder", "Decoder", "Head", "init_weights",
     "EncoderTagger", "DecoderLM", "EncoderDecoder",
     "KVCache", "RollingKVCache", "PagedKVCache", "BlockPool", "greedy",
-    "PrefixStore", "chunked_prefill", "copy_cache", "prefill_with_store",
     "PrefixStore", "chunked_prefill", "copy_cache", "prefill_with_store",
     "filter_logits", "check_filters", "nucleus", "sample", "beam_search", "Beams", "gnmt_lp", "lm_beam_fns",
     "repetition_penalty", "naive_repetition_penalty", "frequency_presence_penalty", "no_repeat_ngram",
