@@ -96,15 +96,27 @@ class TransientBytes(TorchDispatchMode):
     Every operator output whose storage is new (not a view of, or written into, an input) is logged at creation and
     at its release (a weakref finalizer). Outputs still alive when the block ends are survivors: what the step
     leaves behind (new cache entries, logits). The peak is taken over the others only.
+
+    `released`: tensors that existed before the block (e.g. the old cache entries) whose release inside it is logged
+    too (they must have no other views). `net_peak` is then the peak of everything the block allocated, survivors
+    included, minus what of `released` it had freed by then: the memory the step needs above what it started with.
+    A cache that appends by torch.cat allocates a new copy of a layer's entries before dropping the old one; that
+    overlap shows in `net_peak`, not in `peak`.
     """
 
-    def __init__(self):
+    def __init__(self, released=()):
         super().__init__()
         self.events: list[tuple[int, int, int]] = []  # (time, +bytes | -bytes, key)
         self.alive: dict[int, int] = {}  # key -> bytes, for outputs not yet freed
         self.clock = 0
         self.peak = 0
+        self.net_peak = 0
         self.survivors = 0
+        self.pre: set[int] = set()  # keys of the `released` tensors
+        for t in released:  # no strong reference kept: the finalizer fires when the caller's last one goes
+            self.clock += 1
+            self.pre.add(self.clock)
+            weakref.finalize(t, self._free, self.clock, t.untyped_storage().nbytes())
 
     def _free(self, key: int, nbytes: int) -> None:
         self.clock += 1
@@ -127,11 +139,13 @@ class TransientBytes(TorchDispatchMode):
 
     def __exit__(self, *exc):
         result = super().__exit__(*exc)
-        surviving = set(self.alive)  # created in the block, still referenced after it
-        self.survivors = sum(self.alive.values())
-        live = 0
+        surviving = set(self.alive) - self.pre  # created in the block, still referenced after it
+        self.survivors = sum(self.alive[k] for k in surviving)
+        live = net = 0
         for _, delta, key in sorted(self.events):
-            if key in surviving:
+            net += delta  # everything: block outputs (survivors too) and the released tensors' frees
+            self.net_peak = max(self.net_peak, net)
+            if key in surviving or key in self.pre:
                 continue
             live += delta
             self.peak = max(self.peak, live)

@@ -33,7 +33,8 @@ from proofs.serving_memory import (GB, KiB, MiB, GiB, CacheShape, TransientBytes
 from proofs.transformer import DecoderLM
 from proofs.transformer.config import ConfigError
 from proofs.transformer.presets import llama_config
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, OPTConfig
+
+# transformers is imported inside hf(), on first use: the import takes seconds, and sections 1 and 3 do not need it.
 
 # %% [markdown]
 # ## 1. The tiny model: bytes of real tensors against the formulas
@@ -86,25 +87,37 @@ def tiny_cache_bytes(lm: DecoderLM, dtype: torch.dtype, batch: int, prompt: int,
 
 # %%
 # --8<-- [start:configs]
-MODELS = {
-    "Llama-2-7B": (LlamaForCausalLM, LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-                                                 num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-                                                 max_position_embeddings=4096, tie_word_embeddings=False)),
-    "Llama-3-8B": (LlamaForCausalLM, LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                                                 num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                                                 max_position_embeddings=8192, tie_word_embeddings=False)),
-    "Mistral-7B": (MistralForCausalLM, MistralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
-                                                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                                                     head_dim=128, sliding_window=4096, tie_word_embeddings=False)),
+SIZES = {  # transformers class family, config keyword arguments
+    "Llama-2-7B": ("Llama", dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                                 tie_word_embeddings=False)),
+    "Llama-3-8B": ("Llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                                 tie_word_embeddings=False)),
+    "Mistral-7B": ("Mistral", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                   num_attention_heads=32, num_key_value_heads=8, head_dim=128, sliding_window=4096,
+                                   tie_word_embeddings=False)),
+    "OPT-13B": ("OPT", dict(vocab_size=50272, hidden_size=5120, num_hidden_layers=40, num_attention_heads=40,
+                            ffn_dim=20480)),  # only for Kwon et al.'s per-token figure
 }
-OPT_13B = OPTConfig(vocab_size=50272, hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, ffn_dim=20480)
+MODELS = ("Llama-2-7B", "Llama-3-8B", "Mistral-7B")
 
 
-def meta_model(name: str):
+def hf(family: str):
+    """transformers' (config, model class) for a family, imported on first use."""
+    import transformers
+    return getattr(transformers, f"{family}Config"), getattr(transformers, f"{family}ForCausalLM")
+
+
+def config_of(name: str, **overrides):
+    family, kwargs = SIZES[name]
+    return hf(family)[0](**{**kwargs, **overrides})
+
+
+def meta_model(name: str, **overrides):
     """transformers' model class built from its config under torch.device('meta'): every shape, no storage."""
-    cls, config = MODELS[name]
     with torch.device("meta"):
-        return cls(config)
+        return hf(SIZES[name][0])[1](config_of(name, **overrides))
 
 
 def cache_shape(config) -> CacheShape:
@@ -117,7 +130,7 @@ def cache_shape(config) -> CacheShape:
 @cache
 def count(name: str) -> dict:
     """Parameters of transformers' model, bf16 bytes, and cache bytes per token (bf16) from its config."""
-    model, config = meta_model(name), MODELS[name][1]
+    model, config = meta_model(name), config_of(name)
     params = sum(p.numel() for p in model.parameters())
     return {"params": params, "bf16": weight_bytes(params, 2), "per_token": kv_bytes_per_token(cache_shape(config), 2),
             "shape": cache_shape(config)}
@@ -145,9 +158,12 @@ def decode_step(tokens: int, batch: int, impl: str = "auto") -> dict:
     for layer in cache:
         layer["self"].entries = tuple(torch.randn(batch, NH, tokens, HS, generator=g) for _ in range(2))
         layer["self"].pos = torch.arange(tokens)[None]  # (1, T)
-    with TransientBytes() as watch:
-        lm(torch.randint(1, VOCAB, (batch, 1), generator=g), cache=cache)
-    return {"transient": watch.peak, "cache": sum(layer["self"].nbytes for layer in cache)}
+    token = torch.randint(1, VOCAB, (batch, 1), generator=g)
+    # the old entries are watched too: our KVCache appends by torch.cat, a new copy of each layer's entries
+    with TransientBytes(released=[e for layer in cache for e in layer["self"].entries]) as watch:
+        lm(token, cache=cache)
+    return {"transient": watch.peak, "net": watch.net_peak, "survivors": watch.survivors,
+            "cache": sum(layer["self"].nbytes for layer in cache)}
 # --8<-- [end:step]
 
 
@@ -213,8 +229,8 @@ def test_seven_b_models_weights_and_cache(ev):
     Llama-2-7B cuts its cache 4× but its weights by about an eighth. Would be refuted by any count off the
     closed form or by a figure off by more than its rounding."""
     claimed_gb = {"Llama-2-7B": 13.5, "Llama-3-8B": 16.1, "Mistral-7B": 14.5}  # the claim's figures, rounded to 0.1 GB
-    for name, (_, cfg) in MODELS.items():
-        c = count(name)
+    for name in MODELS:
+        c, cfg = count(name), config_of(name)
         d_head = cfg.hidden_size // cfg.num_attention_heads
         closed = llama_params(cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
                               cfg.num_key_value_heads, d_head, cfg.intermediate_size)
@@ -236,15 +252,14 @@ def test_seven_b_models_weights_and_cache(ev):
     assert len(set(capped.values())) == 1 and capped[4096] == 512
     no_window = CacheShape(mi["shape"].layers, mi["shape"].n_kv, mi["shape"].d_head)  # the switch: no window
     assert kv_bytes(no_window, 32768, 1, 2) == 8 * kv_bytes(mi["shape"], 32768, 1, 2)
-    opt = kv_bytes_per_token(cache_shape(OPT_13B), 2)
+    opt = kv_bytes_per_token(cache_shape(config_of("OPT-13B")), 2)
     ev.record("OPT-13B: cache per token, KiB / kB", [opt / KiB, opt / 1000], expect="800 KiB = 819.2 kB")
     ev.record("OPT-13B: cache of one 2048-token sequence, GiB / GB", [opt * 2048 / GiB, opt * 2048 / GB],
               expect="Kwon et al.: 1.6 GB")
     assert opt == 800 * KiB
     # "GQA shrinks the weights": Llama-2-7B with 8 KV heads instead of 32, the only change.
-    gqa_cfg = LlamaConfig(**{**MODELS["Llama-2-7B"][1].to_dict(), "num_key_value_heads": 8})
-    with torch.device("meta"):
-        gqa_params = sum(p.numel() for p in LlamaForCausalLM(gqa_cfg).parameters())
+    gqa_cfg = config_of("Llama-2-7B", num_key_value_heads=8)
+    gqa_params = sum(p.numel() for p in meta_model("Llama-2-7B", num_key_value_heads=8).parameters())
     w_ratio, c_ratio = gqa_params / l2["params"], kv_bytes_per_token(cache_shape(gqa_cfg), 2) / l2["per_token"]
     ev.record("Llama-2-7B with 8 KV heads / with 32: parameters", w_ratio, expect="≈ 0.88")
     ev.record("Llama-2-7B with 8 KV heads / with 32: cache per token", c_ratio, expect="0.25")
@@ -258,16 +273,25 @@ def test_decode_step_activations_are_small_next_to_a_long_cache(ev):
     """Measured on the tiny model (fp32, batch 4): the transient bytes of one decode step against its cache at 16,
     4096 and 32,768 cached tokens, fused and explicit attention. At long context the step's activations are a small
     fraction of the cache (fused: under 1 %; explicit: the score rows, a constant share n_h/(2·L·n_kv·d_h) per
-    score-sized tensor); the fraction is largest at 16 tokens. Would be refuted if the step's activations grew as fast as the cache, or were not small at 32k."""
-    ratios = {}
+    score-sized tensor); the fraction is largest at 16 tokens. Would be refuted if the step's activations grew as fast
+    as the cache, or were not small at 32k. Also measured: what the step needs above the memory it started with. Our
+    KVCache (like transformers' DynamicCache) appends by torch.cat, so each layer briefly holds its old and its new
+    entries: about 1/L of the cache (1/2 here), far above the activations. An in-place cache (static or paged) avoids
+    that copy; it is a cost of the cache's layout, not of the model."""
+    ratios, nets = {}, {}
     for impl in ("auto", "explicit"):
         for tokens in (16, 4096, 32768):
             r = decode_step(tokens, 4, impl)
-            ratios[impl, tokens] = r["transient"] / r["cache"]
+            ratios[impl, tokens], nets[impl, tokens] = r["transient"] / r["cache"], r["net"] / r["cache"]
             ev.record(f"{impl} attention, {tokens} tokens cached: step transient bytes / cache bytes",
                       ratios[impl, tokens], key=tokens == 32768)
             ev.record(f"{impl} attention, {tokens} tokens cached: step transient KiB, cache KiB",
                       [r["transient"] / KiB, r["cache"] / KiB], key=False)
+            ev.record(f"{impl} attention, {tokens} tokens cached: step peak above its start (torch.cat cache) / cache",
+                      nets[impl, tokens], expect=f"≈ 1/L = {1 / LAYERS}", key=impl == "auto" and tokens == 32768)
+            assert r["survivors"] >= r["cache"]  # the step allocated a whole new cache (plus logits)
+    for tokens in (4096, 32768):  # the copy's overlap is one layer's cache, the activations a sliver beside it
+        assert 1 / LAYERS <= nets["auto", tokens] < 1 / LAYERS + 0.01
     for impl in ("auto", "explicit"):
         assert ratios[impl, 32768] < ratios[impl, 4096] < ratios[impl, 16]  # falls with context
         assert ratios[impl, 16] > 0.05  # at a short context the step's activations are not negligible
