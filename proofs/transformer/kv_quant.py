@@ -7,12 +7,14 @@ cache holding integer codes would hand the attention. Each stored number is asym
 
 over a block of numbers that share one (s, z) pair. Which numbers share it is the granularity (per head):
 
-    per_token     one (s, z) per token: its hs channels            (KIVI's choice for values)
+    per_token     one (s, z) per token: its hs channels, or groups of `token_group` of them (KIVI's choice for
+                  values; KIVI's code uses groups of 32 channels)
     per_channel   one (s, z) per channel over `group` consecutive tokens   (KIVI's choice for keys)
 
 A token's per-channel block is complete only once `group` tokens have arrived, so tokens of an incomplete group
 stay in full precision (KIVI keeps them in its residual); `residual` = R keeps, besides, the most recent R tokens
-in full precision (KIVI's residual window). Tokens of the current call are read in full precision (they are at
+in full precision (KIVI's residual window; KIVI's code differs slightly: its value window is exactly R tokens,
+its key window fills up to R tokens and is then quantised whole). Tokens of the current call are read in full precision (they are at
 hand this step, as in KIVI's prefill and decode) and stored quantised for the calls that follow. Blocks are
 aligned to position 0 and a complete block's codes depend only on its own numbers, so re-deriving the codes of the
 stored full-precision tensors at every step gives exactly what a streaming cache that stores codes once would read
@@ -54,10 +56,11 @@ class QuantisedKVCache(KVCache):
 
     bits: 2, 4 or 8. key, value: "per_token" or "per_channel" (KIVI: keys per channel, values per token).
     group: tokens per per-channel block (KIVI uses 32). residual: the most recent R tokens kept in full precision.
+    token_group: channels per per-token block (None: the whole head; KIVI's code groups a value token's channels by 32).
     """
 
     def __init__(self, bits: int = 4, key: str = "per_channel", value: str = "per_token", group: int = 32,
-                 residual: int = 0, scale_bytes: int = 2, fp_bytes: int = 2):
+                 residual: int = 0, scale_bytes: int = 2, fp_bytes: int = 2, token_group: int | None = None):
         super().__init__()
         if isinstance(bits, bool) or bits not in KV_BITS:
             raise ConfigError(f"bits={bits!r}: a quantised KV cache stores 2, 4 or 8 bits per number; for full "
@@ -66,10 +69,17 @@ class QuantisedKVCache(KVCache):
             if g not in KV_GRANULARITIES:
                 raise ConfigError(f"{name}={g!r}: use one of {KV_GRANULARITIES} (KIVI: key='per_channel', "
                                   f"value='per_token').")
-        if group < 1 or residual < 0:
+        if group < 1 or residual < 0 or (token_group is not None and token_group < 1):
             raise ConfigError(f"group={group} must be >= 1 tokens and residual={residual} >= 0 tokens.")
         self.bits, self.modes, self.group, self.residual = bits, (key, value), group, residual
         self.scale_bytes, self.fp_bytes = scale_bytes, fp_bytes
+        self.token_group = token_group  # channels per per-token (s, z) pair; None = all of a head's channels
+
+    def channels_per_pair(self, hs: int) -> int:
+        g = hs if self.token_group is None else self.token_group
+        if hs % g:
+            raise ConfigError(f"token_group={g} must divide the head width {hs}.")
+        return g
 
     def quantised_columns(self, t: int, mode: str) -> int:
         """How many of the first t cached tokens are stored as codes (the rest, the newest, in full precision)."""
@@ -83,7 +93,9 @@ class QuantisedKVCache(KVCache):
             return e
         head = e[:, :, :n]
         if mode == "per_token":
-            q = minmax_fake_quantise(head, self.bits, dim=3)       # one (s, z) per (row, head, token)
+            B, h, _, hs = head.shape
+            g = self.channels_per_pair(hs)                         # one (s, z) per (row, head, token, g channels)
+            q = minmax_fake_quantise(head.reshape(B, h, n, hs // g, g), self.bits, dim=4).reshape(B, h, n, hs)
         else:
             B, h, _, hs = head.shape
             blocks = head.reshape(B, h, n // self.group, self.group, hs)
@@ -104,7 +116,7 @@ class QuantisedKVCache(KVCache):
     def bytes_per_entry(self, mode: str, t: int, heads: int, hs: int) -> float:
         """Bytes one batch row's keys (or values) of t tokens occupy: codes, (s, z) pairs and full-precision tokens."""
         n = self.quantised_columns(t, mode)
-        pairs = n if mode == "per_token" else (n // self.group) * hs  # (s, z) pairs per head
+        pairs = n * (hs // self.channels_per_pair(hs)) if mode == "per_token" else (n // self.group) * hs  # per head
         return heads * (n * hs * self.bits / 8 + pairs * 2 * self.scale_bytes + (t - n) * hs * self.fp_bytes)
 
     @property
