@@ -341,7 +341,9 @@ def test_bits_error_and_greedy_agreement(ev, seed):
     ev.record("KIVI logit error, 2-bit / 4-bit", err[2] / err[4])
     # Seeds 100-139, KIVI with the outlier, greedy agreement: 8-bit 0.9989 ± 0.0022 (min 0.992), 4-bit 0.970 ± 0.011
     # (min 0.945), 2-bit 0.830 ± 0.028 (max 0.875). Per-token K and V at 2 bits: 0.347 ± 0.040 (max 0.445).
-    assert agree[8] >= 0.99 and agree[4] >= 0.9 and agree[2] < 0.95
+    # 8-bit's bound allows 10 of the 256 positions to differ: the sweep's worst seed had 2, and a bound of 0.99 (2
+    # positions) left no room for a third on some reader's seed.
+    assert agree[8] >= 0.96 and agree[4] >= 0.9 and agree[2] < 0.95
     assert res["outlier", 2, tok]["agree"] < agree[2] - 0.2
     # Error ratios follow the rounding step (2^b - 1: 255/15 = 17, 15/3 = 5): 4-bit / 8-bit 17.3 ± 0.68 (15.9-19.0),
     # 2-bit / 4-bit 5.38 ± 0.19 (4.88-5.84).
