@@ -16,7 +16,7 @@
 # identity of our modules), He et al.'s two-term form of prefix attention, and prompt tuning as a special case of
 # prefix tuning. Section 4 trains: the LoRA page's toy (a DecoderLM that copies the previous token, adapted to copy
 # the token two back; rebuilt in `proofs/peft_task.py`, because that set-up lives inside proof_lora.py) with every
-# method at equal steps and near-equal trainable parameters, and prompt tuning at three widths. Thresholds from
+# method at equal steps and near-equal trainable parameters, each at its own learning rate. Thresholds from
 # seeds 100-139. Run: `pytest proofs/generation/proof_peft.py`.
 
 # %%
@@ -27,7 +27,7 @@ import copy
 import pytest
 import torch
 
-from proofs.peft_task import (ADAPT_STEPS, VOCAB, T, accuracy, adaptation_batches, base_config, base_model,
+from proofs.peft_task import (VOCAB, T, accuracy, adaptation_batches, base_config, base_model,
                               two_back_task)
 from proofs.train import train
 from proofs.transformer import (ConfigError, DecoderLM, KVCache, LoRALinear, PrefixSelfAttention, TransformerConfig,
@@ -39,7 +39,6 @@ LORA_TARGETS, RANK, ALPHA = ("w_q", "w_k", "w_v", "w_o", "lin1", "lin2"), 4, 8.0
 # p·d = 3584 needs p = 112 soft tokens, prefix tuning 2·L·p·d = 3584 needs p = 28, adapters 2·L·(2·d·r + d + r)
 # come nearest at r = 13 (3508; r = 14 gives 3768).
 BUDGET = {"prompt": 112, "prefix": 28, "adapters": 13}
-FULL_LR, PEFT_LR = 3e-3, 1e-2  # the LoRA page's two rates; every PEFT arm gets LoRA's. Not tuned
 
 
 def fresh_model(cfg: TransformerConfig, seed: int = 0, dtype=torch.float64) -> DecoderLM:
@@ -63,8 +62,8 @@ def apply_method(model: DecoderLM, method: str, k: int) -> None:
 # --8<-- [start:test_counts]
 @pytest.mark.claim("C-PEFT-1", "confirmed")
 def test_each_method_trains_what_its_formula_says(ev, seed):
-    """An identity of our modules, not evidence about the world. On three configs (the toy; 3 layers of width 48;
-    width 48 with 2 key/value heads, GQA) the trainable count of each method equals its formula: prompt p·d, prefix
+    """An identity of our modules, not evidence about the world. On two configs (the toy; 3 layers of width 48
+    with 2 key/value heads, GQA) the trainable count of each method equals its formula: prompt p·d, prefix
     2·L·p·d_kv (d_kv = n_kv_heads·d_head: GQA shrinks the prefix), adapters 2·L·(2·d·r + d + r), LoRA
     Σ r·(d_in + d_out); after one backward pass only those numbers hold a gradient. Adapters start at the base
     model's logits bit for bit (zero up-projection); a prompt or a prefix changes them at step 0 by design; removing
@@ -72,8 +71,7 @@ def test_each_method_trains_what_its_formula_says(ev, seed):
     weight trained, if a count missed a term, or if removal left anything behind."""
     configs = {
         "toy (d 32, L 2, 4 heads)": base_config(),
-        "d 48, L 3, 4 heads": base_config(48).replace(n_layers=3),
-        "d 48, L 2, 4 heads, 2 KV heads (GQA)": base_config(48).replace(n_kv_heads=2),
+        "d 48, L 3, 4 heads, 2 KV heads (GQA)": base_config(48).replace(n_layers=3, n_kv_heads=2),
     }
     x = torch.randint(1, VOCAB, (2, T), generator=torch.Generator().manual_seed(seed))
     for cname, cfg in configs.items():
@@ -298,28 +296,48 @@ def _kv_graph(prompted: DecoderLM, vec: torch.Tensor) -> torch.Tensor:
 
 
 # %% [markdown]
-# ## 4. Equal budgets on the LoRA page's toy, and prompt tuning against width
+# ## 4. Equal budgets on the LoRA page's toy, each method at its own learning rate
 
 # %%
 # --8<-- [start:test_adapt]
-def adapted(seed: int, method: str, k: int = 0, d_model: int = 32) -> DecoderLM:
-    """The base model of peft_task, adapted for ADAPT_STEPS batches of the two-back task (the same for every arm)."""
-    model = copy.deepcopy(base_model(seed, d_model))
+# Each arm's rate, chosen from a grid on seeds 200-203 (outside the test seeds and the sweep's 100-139), as the
+# accuracy on the new task after the STEPS = 50 steps, seed 200 / 201 / 202 / 203 (- = not run; seeds 200-201 ran
+# the first grid at 100 steps, read at step 50; 202-203 the second grid):
+#   full      1e-3: .18/.10/ - / -    3e-3: .87/.45/.50/.88   1e-2: 1.0/.91/.94/1.0   3e-2:  - / - /1.0/.99   <- 1e-2
+#   LoRA r=4  3e-3: .29/.11/ - / -    1e-2: .79/.61/.86/.80   3e-2: .95/.86/.98/.95   1e-1:  - / - /.10/.05   <- 3e-2
+#   adapters  3e-3: .09/.04/ - / -    1e-2: .35/.04/.03/.29   3e-2: .62/.03/.04/.68   1e-1: .17/.03/.03/.38   <- 3e-2
+#   prefix    1e-2: .04/.03/ - / -    3e-2: .04/.03/.03/.04   1e-1: .03/.03/.04/.03   3e-1: .03/.03/.03/.03   <- 1e-1
+#   prompt    3e-2: .04/.03/ - / -    1e-1: .04/ - /.04/.03   3e-1: .09/ - /.03/.03   1:    .09/ - /.03/.03   <- 3e-1
+# (zero-shot .034/.033/.029/.030, chance 1/32). Prefix and prompt tuning stay at chance at every rate (at 100 steps
+# too: best .07 and .10 on seed 200); prompt's 3e-1 is Lester et al.'s rate. Adapters learn on some seeds and stay
+# at chance on others whatever the rate; 1e-1 breaks LoRA.
+LR = {"full": 1e-2, "lora": 3e-2, "adapters": 3e-2, "prefix": 1e-1, "prompt": 3e-1}
+
+
+STEPS = 50  # half the LoRA page's 100 (peft_task.ADAPT_STEPS): the proof's 8 s budget; ranking as at 100 (grid)
+
+
+def adapted(seed: int, method: str, k: int = 0) -> DecoderLM:
+    """The base model of peft_task, adapted for STEPS batches of the two-back task (the same for every arm)."""
+    model = copy.deepcopy(base_model(seed))
     torch.manual_seed(10_000 + seed)  # the adapter's random init: the same whichever tests ran before
     if method != "full":
         apply_method(model, method, k)
-    train(model, adaptation_batches(seed), ADAPT_STEPS, lr=FULL_LR if method == "full" else PEFT_LR)
+    train(model, adaptation_batches(seed), STEPS, lr=LR[method])
     return model.eval()
 
 
 @pytest.mark.claim("C-PEFT-2", "nuanced")
 def test_equal_budgets_do_not_adapt_equally(ev, seed):
-    """The base copies the previous token; the new task copies the token two back, which needs a new token-to-token
-    route. Every arm gets the same 100 batches: full fine-tuning (lr 3e-3) and, at LoRA's lr 1e-2 and ~3.5k trainable
-    numbers each, LoRA r=4, adapters r=13, prefix p=28, prompt p=112 (none tuned). Asserted: LoRA learns the task
-    (> 0.5 above zero-shot); prefix and prompt tuning stay within a few points of chance and far below LoRA.
-    Adapters are recorded, not asserted against a side. 'About as well at equal parameters' would have been
-    confirmed if prefix and prompt tuning had come within 0.25 of LoRA."""
+    """The base copies the previous token; the new task copies the token two back. Every arm gets the same 50
+    batches at its own rate (chosen on seeds 200-201, above): full fine-tuning and, at ~3.5k trainable numbers
+    each, LoRA r=4, adapters r=13, prefix p=28, prompt p=112. Asserted: the weight edits (full, LoRA) learn the
+    task; prefix and prompt tuning stay far below LoRA at these steps. Adapters are recorded, not asserted: over
+    seeds they either learn the task or stay at chance (bimodal), which no honest threshold covers. 'About as well
+    at equal parameters' would have been confirmed if prefix and prompt tuning had come within 0.25 of LoRA.
+    Not asserted and not claimed: that context cannot reach the task; a side run (seed 200, 800 steps at lr 3e-2,
+    16x the steps here, outside the proof's budget) took prefix tuning from chance to most of the way; on seed
+    203, 8x the steps at lr 0.1 did not move it."""
     zero_shot = accuracy(base_model(seed), two_back_task, seed)
     acc = {"full": accuracy(adapted(seed, "full"), two_back_task, seed),
            "lora": accuracy(adapted(seed, "lora", RANK), two_back_task, seed)}
@@ -328,31 +346,18 @@ def test_equal_budgets_do_not_adapt_equally(ev, seed):
     ev.record("accuracy on the new task, base model (zero-shot)", zero_shot, expect=f"≈ chance 1/{VOCAB}")
     for name, label in (("full", "full fine-tuning"), ("lora", "LoRA r=4"), ("adapters", "adapters r=13"),
                         ("prefix", "prefix tuning p=28"), ("prompt", "prompt tuning p=112")):
-        ev.record(f"accuracy on the new task, {label}", acc[name])
-    ev.record("LoRA − prefix tuning, LoRA − prompt tuning", [acc["lora"] - acc["prefix"], acc["lora"] - acc["prompt"]],
-              expect="> 0.5 (asserted)")
-    # NOT SWEPT: the 40-seed sweep (100-139) ran at ~3 min a seed on the shared cores and was stopped after 2;
-    # seed 0: zero-shot 0.038, LoRA 0.90, prefix 0.037, prompt 0.032 (chance 1/32); LoRA page: LoRA min 0.77 over
-    # seeds 100-139. The bounds (LoRA > zero-shot + 0.5; context methods < zero-shot + 0.1) await that sweep
-    assert acc["lora"] - zero_shot > 0.5
-    assert acc["prefix"] - zero_shot < 0.1 and acc["prompt"] - zero_shot < 0.1
-    assert acc["lora"] - max(acc["prefix"], acc["prompt"]) > 0.5
-
-
-@pytest.mark.claim("C-PEFT-2", "nuanced")
-def test_prompt_tuning_against_width(ev, seed):
-    """A toy of Lester et al.'s Fig. 1 trend (prompt tuning closing on model tuning as models grow), reported as what
-    it is: bases of width 16, 64 and 128 (same task, steps and rates as the width-32 toy), prompt tuning with p = 16
-    at each. Recorded: its gain over the base's zero-shot accuracy per width (full fine-tuning, at width 32 in the
-    test above, is not rerun at each width: the proof's time budget). Asserted only what the sweep supports: at
-    every width prompt tuning stays within a few points of zero-shot, so this toy does not reproduce the trend; a
-    gain that grew with width would have fitted Lester et al.'s picture and failed the assert."""
-    for d in (16, 64, 128):
-        zero_shot = accuracy(base_model(seed, d), two_back_task, seed)
-        prompt = accuracy(adapted(seed, "prompt", 16, d_model=d), two_back_task, seed)
-        ev.record(f"width {d}: accuracy, zero-shot / prompt tuning p=16", [zero_shot, prompt])
-        ev.record(f"width {d}: prompt tuning − zero-shot", prompt - zero_shot, expect="< 0.1 (asserted)")
-        assert prompt - zero_shot < 0.1
+        ev.record(f"accuracy on the new task, {label} (lr {LR[name]:g})", acc[name])
+    gap = acc["lora"] - max(acc["prefix"], acc["prompt"])
+    ev.record("LoRA − the better of prefix and prompt tuning", gap, expect="> 0.3 (asserted)")
+    # Thresholds from seeds 100-139 (40 seeds, all passing; bench/seeds/generation/proof_peft.json), mean ± sd [min, max]:
+    # zero-shot 0.032 ± 0.003 [0.026, 0.040]; full 0.899 ± 0.075 [0.766, 1.000]; LoRA 0.854 ± 0.099 [0.624, 0.989];
+    # adapters 0.137 ± 0.187 [0.027, 0.681] (bimodal: not asserted); prefix 0.036 ± 0.013 [0.016, 0.088];
+    # prompt 0.034 ± 0.003 [0.027, 0.041]; LoRA − better context arm 0.815 ± 0.103 [0.587, 0.955].
+    # full − zero-shot > 0.45 (~5.5 sd below its mean, under the min); LoRA − zero-shot > 0.35 (~4.8 sd, under the
+    # min); each context arm − zero-shot < 0.12 (~9 sd above prefix's mean, over its max); gap > 0.3 (5 sd, under min)
+    assert acc["full"] - zero_shot > 0.45 and acc["lora"] - zero_shot > 0.35
+    assert acc["prefix"] - zero_shot < 0.12 and acc["prompt"] - zero_shot < 0.12
+    assert gap > 0.3
 # --8<-- [end:test_adapt]
 
 

@@ -2,9 +2,10 @@
 
     prompt tuning   p trainable vectors in front of the embedded input (Lester et al. 2021, §2)      p · d
     prefix tuning   p trainable keys and values in front of every layer's self-attention            2 · L · p · d_kv
-                    (Li & Liang 2021, §4; d_kv = n_kv_heads · d_head, = d for MHA)
+                    (Li & Liang 2021, §4, Eq. 3; d_kv = n_kv_heads · d_head, = d for MHA)
     adapters        a bottleneck d -> r -> d with its own skip, after each sub-layer's output,      2 · L · (2·d·r + d + r)
-                    before the residual add (Houlsby et al. 2019, §2.1)
+                    before the residual add (Houlsby et al. 2019, §2.1; the layer norms
+                    they also train stay frozen here)
     (LoRA           r · (d_in + d_out) per wrapped matrix: lora.py)
 
 Every `apply_*` freezes the whole model, installs its wrapper modules and returns a handle; `remove_peft(model)`
@@ -146,7 +147,7 @@ class PrefixSelfAttention(nn.Module):
 def apply_prefix_tuning(model: nn.Module, p: int, init_ids: Optional[Tensor] = None) -> list[PrefixSelfAttention]:
     """Freeze `model` and give every layer's self-attention p trainable keys and values. Initialised from the
     base model's own keys and values of p tokens `init_ids` (default random) each at position 0 (Li & Liang
-    initialise from real words' activations; their training-time MLP reparametrisation is not used here)."""
+    initialise from real words' activations, §7.4; their training-time MLP reparametrisation, §4.3, is not used here)."""
     _check_fresh(model)
     cfg = model.cfg
     if p < 1:
