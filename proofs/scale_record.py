@@ -21,6 +21,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from proofs.evidence import _package_closure
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "bench" / "at_scale"  # committed records: <preset>.json, and <preset>-longer.json (partial)
 CACHE = ROOT / "build" / "at_scale"  # the corpus and the runs in progress (never committed)
@@ -37,16 +39,7 @@ def model_files(package: Path = ROOT / "proofs" / "transformer") -> list[Path]:
     directly or through one another (relative imports, lazy ones inside functions included). The package's other
     files (LoRA, quantisation, decoding helpers, adapters and mixers the runs never build) are left out, so adding
     one does not make a record stale."""
-    todo, seen = list(MODEL_ROOTS), set()
-    while todo:
-        name = todo.pop()
-        if name in seen or not (package / name).is_file():
-            continue
-        seen.add(name)
-        for node in ast.walk(ast.parse((package / name).read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                todo += [f"{node.module}.py"] if node.module else [f"{a.name}.py" for a in node.names]
-    return sorted(package / n for n in seen)
+    return sorted(_package_closure(package, set(MODEL_ROOTS)))  # the same walk that evidence fingerprints use
 
 
 def training_fingerprint(runner: Path = ROOT / "proofs" / "at_scale.py",
