@@ -17,6 +17,7 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     models.py       embeddings, stacks, EncoderTagger, DecoderLM, EncoderDecoder, initialisation
     decoding.py     greedy decoding, temperature/top-k/top-p sampling and beam search on one next-token function
     speculative.py  speculative decoding: a draft proposes, the target verifies (exact and folk acceptance rules)
+    mtp.py          multi-token prediction: a t+2 module on a built DecoderLM, its loss, and a draft for speculative.py
     batching.py     serving many requests: continuous (iteration-level) vs static batching over a paged cache
     penalties.py    repetition controls as logits processors: CTRL penalty (and its sign bug), frequency/presence, no-repeat-n-gram
     quant.py        post-training quantisation: absmax int8/int4 per tensor/channel/group, W8A8 matmul, LLM.int8;
@@ -34,6 +35,7 @@ from .cache import BlockPool, KVCache, PagedKVCache, RollingKVCache
 from .kv_quant import QuantisedKVCache
 from .prefix_cache import PrefixStore, chunked_prefill, copy_cache, prefill_with_store
 from . import batching, speculative  # modules: from proofs.transformer.speculative import speculative_generate
+from .mtp import MTPDraft, MTPLM, MTPModule, mtp_extra_loss
 from .config import ConfigError, TransformerConfig
 from .decoding import Beams, beam_search, check_filters, filter_logits, gnmt_lp, greedy, lm_beam_fns, nucleus, sample
 from .feedforward import FeedForward, MoEFeedForward
