@@ -14,6 +14,7 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     cache.py        key/value caches: contiguous, rolling (sliding window), paged
     kv_quant.py     a quantised KV cache (KVCache subclass): 2/4/8-bit keys and values per token or per channel, KIVI's residual
     prefix_cache.py prefix caching (a store keyed by token ids from position 0) and chunked prefill over the cache
+    eviction.py     token eviction to a budget (recency, H2O, SnapKV, random) on a KVCache; a paged cache that frees empty blocks, compaction
     models.py       embeddings, stacks, EncoderTagger, DecoderLM, EncoderDecoder, initialisation
     decoding.py     greedy decoding, temperature/top-k/top-p sampling and beam search on one next-token function
     speculative.py  speculative decoding: a draft proposes, the target verifies (exact and folk acceptance rules)
@@ -34,6 +35,7 @@ from .attention import MultiHeadAttention, causal_mask, end_aligned, hidden, rec
 from .cache import BlockPool, KVCache, PagedKVCache, RollingKVCache
 from .kv_quant import QuantisedKVCache
 from .prefix_cache import PrefixStore, chunked_prefill, copy_cache, prefill_with_store
+from .eviction import EvictablePagedKVCache, evict, prefill_and_evict
 from . import batching, speculative  # modules: from proofs.transformer.speculative import speculative_generate
 from .mtp import MTPDraft, MTPLM, MTPModule, mtp_extra_loss
 from .config import ConfigError, TransformerConfig
