@@ -16,8 +16,10 @@ exchange, without capacity padding (variable-size "all-to-all-v" messages):
 
 Nothing of the layer is copied here: steps 1 and 5 run `MoEFeedForward.forward` itself with its experts swapped for
 stand-ins that record the rows each expert is handed (step 1) or hand back the outputs received for them (step 5),
-so routing, gates, capacity and the weighted sum are the shared code's, and a difference from the single-process
-layer can only come from the exchange.
+so routing, gates and the weighted sum are the shared code's, and a difference from the single-process layer can
+only come from the exchange. With moe_capacity > 0 the capacity is applied by each rank to its own tokens (GShard's
+per-group capacity), so the result equals the layer run rank by rank, not on all tokens at once; the proof uses no
+capacity limit.
 
 `AllToAll` wraps `dist.all_to_all_single` and counts, per phase, the bytes this rank hands to other ranks and
 receives from them (element_size · rows · C; the share a rank keeps for itself is counted apart, as `kept`), and what
