@@ -30,3 +30,12 @@ def test_no_unfilled_marker_in_the_anki_deck(site, tmp_path):
     assert notes, "the Anki deck has no notes"
     left = [m.group(0) for n in notes for m in MARKER.finditer(n)]
     assert not left, f"{len(left)} Anki notes keep an unfilled marker, e.g. {left[:3]}"
+
+
+def test_every_card_of_the_deck_is_rendered(site):
+    """The flashcards and mock interview render every card they count: one stray `<` in a copied answer (e.g.
+    `$n<p$`, read as a `<p` tag inside the nested `markdown` divs) once swallowed the deck from that card on."""
+    for page in ("flashcards", "mock-interview"):
+        text = (site / "study" / page / "index.html").read_text(encoding="utf-8")
+        counted = int(re.search(r'data-cards="(\d+)"', text)[1])
+        assert text.count('class="kb-card"') == counted > 50, page

@@ -345,9 +345,18 @@ def _evidence_links(text: str, from_uri: str) -> str:
     return EVIDENCE_MARK.sub(lambda m: f"([the measurement, on the page]({own}#evidence-{m['test']}))", text)
 
 
+INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\$)([^$\n]+?)(?<!\\)\$(?!\$)")
+
+
+def _math_lt(text: str) -> str:
+    """`<` inside inline math as `\\lt`: on a question page arithmatex shields `$n_{kv}<p$`, but in a copied block
+    (the flashcards' nested `markdown` divs) the HTML parser reads `<p` as a tag and swallows the rest of the deck."""
+    return INLINE_MATH.sub(lambda m: "$" + re.sub(r"<(?!!--)", r"\\lt ", m[1]) + "$", text)
+
+
 def _copied(text: str, from_uri: str, page) -> str:
     """A block of question page `from_uri` shown on `page`: its links rewritten, its measured values filled in."""
-    text = _evidence_links(text, from_uri)
+    text = _math_lt(_evidence_links(text, from_uri))
     return _render_values(_moved(text, from_uri, page), from_uri, _pages[from_uri].get("proofs") or [])
 
 
