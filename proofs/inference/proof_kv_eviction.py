@@ -77,8 +77,11 @@ def answer_logits(model: DecoderLM, prompt: torch.Tensor, policy: str, budget: i
     cache = prefill_and_evict(model, prompt, policy, budget, stepwise=stepwise,
                               generator=torch.Generator().manual_seed(seed))
     x, outs = prompt[:, -1:], []
-    for _ in range(steps):
-        out = model(x, cache=cache)[:, -1]  # (B, V)
+    for step in range(steps):
+        # explicit positions T, T+1, …: a KVCache would continue after the largest *kept* position, which is
+        # wrong once the last prompt token is evicted (random, H2O at budget 1)
+        at = torch.full((prompt.shape[0], 1), prompt.shape[1] + step)
+        out = model(x, cache=cache, positions=at)[:, -1]  # (B, V)
         outs.append(out)
         x = out.argmax(-1, keepdim=True)
     return torch.stack(outs, 1), cache
@@ -124,7 +127,7 @@ def after_eviction(seed: int, policy: str = "h2o", budget: int = 4, steps: int =
     evicted = [set(range(T)) - set(row) for row in right_after]
     x, gaps = prompt[:, -1:], []
     for s in range(steps):
-        out = model(x, cache=cut2)[:, -1]
+        out = model(x, cache=cut2, positions=torch.full((prompt.shape[0], 1), T + s))[:, -1]
         gaps.append((out - full[:, s]).abs().amax(-1))  # (B,) per sequence
         x = full[:, s].argmax(-1, keepdim=True)
     gaps = torch.stack(gaps, 1)  # (B, steps)
@@ -255,8 +258,8 @@ def test_accuracy_against_budget_per_policy(ev, seed):
         ev.record(f"accuracy, H2O Alg. 1 token by token, budget {b}", acc["h2o stepwise", b], key=False)
     for b in (2, 4):
         ev.record(f"answer's fact kept, SnapKV, budget {b}", kept["snapkv", b], key=False)
-        ev.record(f"answer's fact kept, random, budget {b}", kept["random", b], expect=f"about ({b} − 1)/{T - 1}, "
-                  "the question is kept too only by luck", key=False)
+        ev.record(f"answer's fact kept, random, budget {b}", kept["random", b], expect=f"about {b}/{T} (a uniform {b} of {T})",
+                  key=False)
     ev.record("SnapKV − random accuracy, budget 2", acc["snapkv", 2] - acc["random", 2], expect="> 0")
     _plot_sweep(ev, s)
     # Seeds 100-139 (40 models): full-cache accuracy 0.988 ± 0.013 (min 0.951), so 0.9 is 7 sd below the mean;
@@ -332,9 +335,11 @@ def test_scattered_eviction_frees_about_f_to_the_B_of_paged_blocks(ev, seed):
         assert r["paged vs contiguous"] < 1e-4 and r["compacted vs contiguous"] < 1e-4
         if blk == 1:
             assert r["freed"] == N - k  # one token per block: eviction frees exactly what it evicts
-        if blk == 16:  # the folk answer: 90 % freed. Seeds 100-139: H2O frees 0.668 ± 0.040 (max 0.766), so the
-            # bound 0.9 is 5.8 sd above the mean; random's largest single draw stays under 0.5 (mean 0.184).
-            assert rnd.max().item() / n_blocks < 0.5 and r["freed"] / n_blocks < F_EVICT
+        if blk == 16:  # the folk answer: 90 % freed. No eviction of 90 % can free more than n_blocks − ceil(k/B)
+            # = 57 of 64 blocks (0.89, what compaction reaches), so "< 0.9" could not fail; H2O is held to that ideal
+            # instead. Seeds 100-139: H2O frees 0.668 ± 0.040 of the blocks (max 0.766) against the ideal 0.891,
+            # 5.5 sd; random's largest single draw stays under 0.5 (mean 0.184).
+            assert rnd.max().item() / n_blocks < 0.5 and r["freed"] < n_blocks - -(-k // blk)
 # --8<-- [end:test_paged]
 
 

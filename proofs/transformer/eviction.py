@@ -92,7 +92,8 @@ def select(policy: str, budget: int, T: int, *, weights: Optional[Tensor] = None
 # --8<-- [start:evict]
 def evict(cache: KVCache, keep: Tensor) -> int:
     """Keep only the tokens at indices keep (B, k) of a contiguous cache; returns how many slots were dropped.
-    The survivors keep their positions, so the causal mask and later positions are unchanged."""
+    The survivors keep their positions, so the causal mask is unchanged; a KVCache places the next token after the
+    largest kept position, so if the last token may be evicted, pass the next positions to the model explicitly."""
     B, T = cache.entries[0].shape[0], len(cache)
     if keep.shape[0] != B or int(keep.max()) >= T:
         raise ConfigError(f"keep must be (batch={B}, k) indices below the cached length {T}, got {tuple(keep.shape)}.")
