@@ -17,10 +17,11 @@ Emb(x_j) and predicts x_{j+1}: two tokens ahead of the trunk state it reads (the
 At j = 0 there is no trunk state; a zero vector stands in (the same in training and decoding; not in the loss).
 So the module's training targets are the LM's own targets y (B, T), at positions 1..T-1.
 
-Why a feed-forward block and not DeepSeek's Transformer block: the block's attention would need key/value entries
-for the drafted token, built from the trunk state of the token before it, which the target computes only in the
-verification pass after the draft has proposed. A stateless module needs no cache of its own, so
-speculative.py's cache rollback has nothing to cut in the draft. Built on a DecoderLM without editing models.py
+Why a feed-forward block and not DeepSeek's Transformer block: the block's attention needs key/value entries of
+its own, and the entry for a drafted token can only be built once the target's verification pass has computed the
+trunk state before it. With one drafted token a round that entry could be filled a round late (serving engines
+that run DeepSeek's module keep such a cache), but speculative.py writes a draft's cache when it proposes, and
+changing it would touch a decoder other proofs share. A stateless module needs no cache of its own. Built on a DecoderLM without editing models.py
 or config.py (this file is new: the fingerprints of existing proofs do not cover it).
 """
 
