@@ -28,7 +28,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here comes from a co
 
 import torch
 
-from proofs.serving_memory import (GB, KiB, MiB, GiB, CacheShape, TransientBytes, crossover_tokens, int8_weight_bytes,
+from proofs.measure import TransientBytes
+from proofs.serving_memory import (GB, KiB, MiB, GiB, CacheShape, crossover_tokens, int8_weight_bytes,
                                    kv_bytes, kv_bytes_per_token, largest_batch, weight_bytes)
 from proofs.transformer import DecoderLM
 from proofs.transformer.config import ConfigError
