@@ -25,6 +25,8 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
                     QLoRA's NF4 levels, blockwise NF4, bits per parameter with double quantisation
     lora.py         LoRA: a frozen linear layer plus (alpha/r)·B A, applied by name, merged back into nn.Linear
     peft.py         prompt tuning, prefix tuning (a pre-filled KV cache), Houlsby adapters: applied and removed
+    mixers.py       other token mixers as one switch (MixerConfig.mixer, per layer for hybrids): linear attention, the
+                    delta rule, and the registry of the rest; mixer_lm() builds the DecoderLM, RecurrentState decodes
 
 Shape comments use B = batch, T = time (Tq queries, Tk keys), nh = query heads, n_kv = key/value
 heads, hs = head size (d_k = d_v = d_model / n_heads), C = d_model, V = vocabulary.
@@ -45,6 +47,7 @@ from .latent import AbsorbedLatentAttention, LatentAttention
 from .lora import LoRALinear, apply_lora, merge_lora, trainable_parameters
 from .peft import (Adapter, PrefixSelfAttention, PromptEmbeddings, apply_adapters, apply_prefix_tuning, apply_prompt_tuning,
                    peft_formula, remove_peft)
+from .mixers import DeltaRule, LinearAttention, MixerConfig, RecurrentState, mixer_lm, state_bytes
 from .layers import DecoderLayer, EncoderLayer, Residual
 from .models import Decoder, DecoderLM, Embeddings, Encoder, EncoderDecoder, EncoderTagger, Head, init_weights
 from .norms import RMSNorm, TokenBatchNorm, make_norm
@@ -74,6 +77,7 @@ __all__ = [
     "LoRALinear", "apply_lora", "merge_lora", "trainable_parameters",
     "Adapter", "PrefixSelfAttention", "PromptEmbeddings", "apply_adapters", "apply_prefix_tuning", "apply_prompt_tuning",
     "peft_formula", "remove_peft",
+    "MixerConfig", "mixer_lm", "RecurrentState", "LinearAttention", "DeltaRule", "state_bytes",
     "nf4_levels", "nf4_quantise", "nf4_dequantise", "bits_per_parameter",
     "quantise", "dequantise", "fake_quantise", "Quantised", "int8_matmul", "Int8Linear", "quantise_model",
 ]
