@@ -10,6 +10,7 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     variants.py     attention variants that override those hooks: additive, Shaw, XL, RoPE, ALiBi, T5
     latent.py       multi-head latent attention (MLA), materialised and absorbed
     feedforward.py  the FFN, the GLU family, mixture of experts
+    moe_modern.py   DeepSeekMoE (MoEFeedForward subclass): fine-grained and shared experts, a routing bias for the choice only
     layers.py       residual sub-layers (Post-LN, Pre-LN, DeepNorm, parallel) and encoder/decoder layers
     cache.py        key/value caches: contiguous, rolling (sliding window), paged
     kv_quant.py     a quantised KV cache (KVCache subclass): 2/4/8-bit keys and values per token or per channel, KIVI's residual
@@ -27,6 +28,9 @@ of Vaswani et al. (2017). Read the files in this order, each opens with what it 
     peft.py         prompt tuning, prefix tuning (a pre-filled KV cache), Houlsby adapters: applied and removed
     mixers.py       other token mixers as one switch (MixerConfig.mixer, per layer for hybrids): linear attention, the
                     delta rule, and the registry of the rest; mixer_lm() builds the DecoderLM, RecurrentState decodes
+    ssm.py          Mamba's selective SSM (S6) mixer, the associative scan of h_t = a_t h_{t-1} + b_t, the LTI convolution form
+    sparse_attention.py  sparse attention as mixers "topk" (top-k keys per query) and "block" (top blocks by mean-pooled key)
+    sigmoid_attention.py  sigmoid attention (σ(s + b), no row normalisation) and gated attention (Y ⊙ σ(X W_θ) before W_O)
 
 Shape comments use B = batch, T = time (Tq queries, Tk keys), nh = query heads, n_kv = key/value
 heads, hs = head size (d_k = d_v = d_model / n_heads), C = d_model, V = vocabulary.
@@ -43,11 +47,15 @@ from .mtp import MTPDraft, MTPLM, MTPModule, mtp_extra_loss
 from .config import ConfigError, TransformerConfig
 from .decoding import Beams, beam_search, check_filters, filter_logits, gnmt_lp, greedy, lm_beam_fns, nucleus, sample
 from .feedforward import FeedForward, MoEFeedForward
+from .moe_modern import DeepSeekMoE, apply_deepseek_moe
 from .latent import AbsorbedLatentAttention, LatentAttention
 from .lora import LoRALinear, apply_lora, merge_lora, trainable_parameters
 from .peft import (Adapter, PrefixSelfAttention, PromptEmbeddings, apply_adapters, apply_prefix_tuning, apply_prompt_tuning,
                    peft_formula, remove_peft)
 from .mixers import DeltaRule, LinearAttention, MixerConfig, RecurrentState, mixer_lm, state_bytes
+from .ssm import SelectiveSSM, associative_scan, causal_conv, combine, lti_kernel
+from .sparse_attention import BlockSparseAttention, TopKAttention
+from .sigmoid_attention import GatedAttention, SigmoidAttention
 from .layers import DecoderLayer, EncoderLayer, Residual
 from .models import Decoder, DecoderLM, Embeddings, Encoder, EncoderDecoder, EncoderTagger, Head, init_weights
 from .norms import RMSNorm, TokenBatchNorm, make_norm
@@ -66,7 +74,7 @@ __all__ = [
     "T5BiasAttention", "LatentAttention", "AbsorbedLatentAttention", "make_self_attention", "rel_shift",
     "causal_mask", "end_aligned", "hidden", "repeat_kv", "tiled_attention", "record_attention",
     "sinusoidal_table", "rope_inv_freq", "rope_cos_sin", "apply_rope", "rope_permutation", "alibi_slopes", "t5_bucket",
-    "RMSNorm", "TokenBatchNorm", "make_norm", "FeedForward", "MoEFeedForward",
+    "RMSNorm", "TokenBatchNorm", "make_norm", "FeedForward", "MoEFeedForward", "DeepSeekMoE", "apply_deepseek_moe",
     "Residual", "EncoderLayer", "DecoderLayer", "Embeddings", "Encoder", "Decoder", "Head", "init_weights",
     "EncoderTagger", "DecoderLM", "EncoderDecoder",
     "KVCache", "RollingKVCache", "PagedKVCache", "BlockPool", "greedy",
@@ -78,6 +86,9 @@ __all__ = [
     "Adapter", "PrefixSelfAttention", "PromptEmbeddings", "apply_adapters", "apply_prefix_tuning", "apply_prompt_tuning",
     "peft_formula", "remove_peft",
     "MixerConfig", "mixer_lm", "RecurrentState", "LinearAttention", "DeltaRule", "state_bytes",
+    "SelectiveSSM", "associative_scan", "combine", "lti_kernel", "causal_conv",
+    "TopKAttention", "BlockSparseAttention",
+    "SigmoidAttention", "GatedAttention",
     "nf4_levels", "nf4_quantise", "nf4_dequantise", "bits_per_parameter",
     "quantise", "dequantise", "fake_quantise", "Quantised", "int8_matmul", "Int8Linear", "quantise_model",
 ]
