@@ -7,7 +7,7 @@ One run: seed → DecoderLM(block_cfg(n_layers=1, moe_experts=E, moe_top_k=k, d_
 apply_deepseek_moe(granularity, n_shared, balance_rate), trained with proofs.train.train on the same batches as the
 other arms of that seed (Adam, lr 5e-3, STEPS steps of 16 sequences of 16 tokens), alpha · (Switch loss) added when
 alpha > 0. Recorded: the batch's maximal load violation at every step (MaxVio = (max load − mean load) / mean load,
-Wang et al. 2024 §4.1; 0 = even), the held-out loss on 512 sequences, MaxVio on those held-out tokens, and the mean
+Wang et al. 2024; 0 = even), the held-out loss on 512 sequences, MaxVio on those held-out tokens, and the mean
 pairwise cosine between the routed experts' outputs on the held-out tokens (what the experts compute, compared
 in function space: raw weight vectors of two experts are not comparable, since their hidden units can be permuted).
 """

@@ -18,7 +18,7 @@ DeepSeek-V3's code builds them). The forward is its own because the choice and t
 scores; with m = 1, n_s = 0 and a zero bias it equals `MoEFeedForward` bit for bit (tested). No capacity limit.
 `aux_loss` (Switch's E·Σ f·P) and `stats` are kept as in `MoEFeedForward`, so `DecoderLM.aux_loss()` and the
 trainer's `extra_loss` work unchanged; `stats["max_vio"]` is the batch's maximal violation (max load − mean) / mean
-(Wang et al. 2024, §4.1).
+(Wang et al. 2024).
 
 These options are not fields of `TransformerConfig`: editing config.py would mark every proof's evidence stale, so
 `apply_deepseek_moe(model, ...)` swaps a built DecoderLM's MoE layers instead (as peft.py swaps attributes).
