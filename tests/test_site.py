@@ -115,3 +115,36 @@ def test_home_page_ledger_links_every_settled_claim(page, server):
         for cid in meta["claims"]:
             assert cid in ledger
     assert page.locator("article .verdict--confirmed").count() >= 1
+
+
+def test_search_reads_plain_code_and_pages_keep_their_highlighting(site):
+    """docs/hooks/search_plain.py hands the search plugin each highlighted block as plain <pre><code> (a third of the
+    build's CPU went into parsing pygments' spans) and search_restore.py gives the page its highlighting back. Held
+    against Material's own search parser: on the most code-heavy pages every block yields the same index text."""
+    import importlib.util
+
+    from material.plugins.search.plugin import Parser
+
+    spec = importlib.util.spec_from_file_location("search_plain", ROOT / "docs" / "hooks" / "search_plain.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+
+    def indexed(html: str) -> list[str]:
+        parser = Parser()
+        parser.feed(html)
+        parser.close()
+        return ["".join(s.text) for s in parser.data]
+
+    htmls = {p: p.read_text(encoding="utf-8") for p in site.rglob("index.html")}
+    pages = sorted(htmls, key=lambda p: -len(hook.HIGHLIGHT.findall(htmls[p])))[:3]
+    blocks = 0
+    for path in pages:
+        html = htmls[path]
+        assert all('<span class="' in m[1] for m in hook.HIGHLIGHT.finditer(html)), \
+            f"{path.relative_to(site)}: the built page lost its highlighted code"
+        for m in hook.HIGHLIGHT.finditer(html):
+            plain = hook.plain_code(m[0])
+            assert plain != m[0] and "<span" not in plain
+            assert indexed(plain) == indexed(m[0]), f"{path.relative_to(site)}: search would index other text"
+            blocks += 1
+    assert blocks > 20

@@ -297,7 +297,7 @@ AREA_TITLES = {"attention": "Attention", "positions": "Embeddings and positions"
                "training": "Training", "cost": "Cost and complexity", "inference": "Attention at inference time",
                "blocks": "The modern block", "scale": "Numbers at scale",
                "generation": "Generating, tokenising, adapting", "post-training": "Post-training and reasoning",
-               "real": "Against real implementations"}
+               "beyond": "Beyond softmax attention", "real": "Against real implementations"}
 
 
 MD_LINK = re.compile(r"\]\((?!https?:|#|/)([^)\s#]+\.md)(#[^)\s]*)?\)")
