@@ -183,7 +183,7 @@ class LinearAttention(RecurrentMixer):
         S, z = state if state is not None else (q.new_zeros(B, nh, hs, hs), q.new_zeros(B, nh, hs))
         ys = []
         for t in range(T):
-            S = S + fk[:, :, t, :, None] * v[:, :, t, None, :]  # (B, nh, hs_k, hs_v): add φ(k_t) v_tᵀ
+            S = S + fk[:, :, t, :, None] @ v[:, :, t, None, :]  # (B, nh, hs_k, hs_v): add φ(k_t) v_tᵀ (an outer product)
             z = z + fk[:, :, t]  # (B, nh, hs)
             y = (fq[:, :, t, None, :] @ S)[:, :, 0]  # (B, nh, hs_v)
             ys.append(y / (fq[:, :, t] * z).sum(-1, keepdim=True) if self.cfg.linear_normalise else y)
