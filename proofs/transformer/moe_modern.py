@@ -76,14 +76,18 @@ class DeepSeekMoE(MoEFeedForward):
         flat = x.reshape(-1, shape[-1])  # (N, C)
         N, E, k = flat.shape[0], self.n_experts, self.top_k
         probs, top_e, gates = self.route(flat)
-        out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            token, slot = (top_e == e).nonzero(as_tuple=True)  # tokens that chose e, in token order
-            if token.numel():
-                out = out.index_add(0, token, gates[token, slot, None] * expert(flat[token]))
+        chosen = top_e.flatten()  # (N·k,) as in MoEFeedForward: assignments grouped by expert, token order within
+        order = chosen.argsort(stable=True)
+        counts = torch.bincount(chosen, minlength=E)  # (E,) load
+        token, gate = order // k, gates.flatten()[order]
+        outs, start = [], 0
+        for expert, n in zip(self.experts, counts.tolist()):
+            if n:
+                outs.append(gate[start:start + n, None] * expert(flat[token[start:start + n]]))
+            start += n
+        out = torch.zeros_like(flat).index_add(0, token, torch.cat(outs))  # every assignment has an expert (no capacity)
         if self.shared is not None:
             out = out + self.shared(flat)  # every token, gate 1
-        counts = torch.bincount(top_e.flatten(), minlength=E)  # (E,) load
         f = counts.float() / (N * k)
         self.aux_loss = E * (f * probs.mean(0)).sum()  # Switch's loss, as MoEFeedForward (used by the α arms)
         mean_load = counts.float().mean()
