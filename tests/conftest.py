@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import http.server
 import os
@@ -53,20 +54,43 @@ def evidence_ready() -> None:
         pytest.fail(problem, pytrace=False)
 
 
-@pytest.fixture(scope="session")
-def site(tmp_path_factory, evidence_ready) -> Path:
-    """The strict build (after printing the cheat sheet, if `make pdf` has not, so the build links the PDF).
-    TEST_SITE_DIR=<a built site> reuses a build instead, to iterate on one browser test."""
-    if os.environ.get("TEST_SITE_DIR"):
-        return Path(os.environ["TEST_SITE_DIR"])
+def _build_site(out: Path) -> None:
+    """The strict build into `out` (after printing the cheat sheet, if `make pdf` has not, so the build links it)."""
     if not PDF.exists():
         r = subprocess.run([sys.executable, "docs/hooks/print_pdf.py"], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 0, f"printing the cheat sheet failed:\n{r.stdout}\n{r.stderr}"
-    out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
                        cwd=ROOT, capture_output=True, text=True, env=env)
     assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout}\n{r.stderr}"
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory, evidence_ready) -> Path:
+    """One strict build per test run. Under pytest-xdist the workers share it: the first to ask builds (the others
+    wait on a lock, then read it), where each worker used to build its own copy (a full build is about 25 s of CPU).
+    TEST_SITE_DIR=<a built site> reuses a build instead, to iterate on one browser test."""
+    if os.environ.get("TEST_SITE_DIR"):
+        return Path(os.environ["TEST_SITE_DIR"])
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:  # one process: its own build
+        out = tmp_path_factory.mktemp("site")
+        _build_site(out)
+        return out
+    shared = tmp_path_factory.getbasetemp().parent / f"site-{run}"  # pytest-N/, the parent of every worker's basetemp
+    shared.mkdir(exist_ok=True)
+    out, done, failed = shared / "site", shared / "done", shared / "failed"
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if failed.exists():
+            pytest.fail(failed.read_text(encoding="utf-8"), pytrace=False)
+        if not done.exists():
+            try:
+                _build_site(out)
+            except AssertionError as e:
+                failed.write_text(str(e), encoding="utf-8")
+                raise
+            done.touch()
     return out
 
 

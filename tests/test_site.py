@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from proofs import evidence as E
 from tests.pages import ROOT, question_pages
@@ -29,7 +30,9 @@ def test_strict_build_renders_every_question_page(site):
 
 def test_a_failed_proof_is_shown_loudly_and_only_the_strict_build_fails(tmp_path, evidence_ready):
     """`make serve` must serve the site when a proof fails: the plain build succeeds with a failure card on that
-    page, while `mkdocs build --strict` (the CI build) refuses it."""
+    page, while `mkdocs build --strict` (the CI build) refuses it, naming the failure. Both builds are of that one
+    page (a config inheriting mkdocs.yml, the other pages excluded and links to them not checked): the full builds
+    cost about a minute and showed nothing more."""
     evidence = tmp_path / "evidence"
     shutil.copytree(E.EVIDENCE_DIR, evidence)
     page, meta = next(iter(question_pages().items()))
@@ -38,8 +41,18 @@ def test_a_failed_proof_is_shown_loudly_and_only_the_strict_build_fails(tmp_path
     doc = json.loads(victim.read_text(encoding="utf-8"))
     doc["outcome"], doc["failure"] = "failed", "AssertionError: planted failure"
     victim.write_text(json.dumps(doc), encoding="utf-8")
+    base = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    config = tmp_path / "one-page.yml"
+    config.write_text(yaml.safe_dump({
+        "INHERIT": str(ROOT / "mkdocs.yml"), "docs_dir": str(ROOT / "docs"),
+        "hooks": [str(ROOT / h) for h in base["hooks"]], "nav": [page],
+        "exclude_docs": f"*.md\n!/{page}\n",
+        "validation": {"nav": {"omitted_files": "ignore", "not_found": "ignore", "absolute_links": "ignore"},
+                       "links": {"not_found": "ignore", "anchors": "ignore", "absolute_links": "ignore",
+                                 "unrecognized_links": "ignore"}},
+    }), encoding="utf-8")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PROOF_EVIDENCE_DIR": str(evidence)}
-    build = [sys.executable, "-m", "mkdocs", "build", "-q", "-d"]
+    build = [sys.executable, "-m", "mkdocs", "build", "-q", "-f", str(config), "-d"]
     plain = subprocess.run(build + [str(tmp_path / "plain")], cwd=ROOT, capture_output=True, text=True, env=env)
     assert plain.returncode == 0, plain.stderr
     html = (tmp_path / "plain" / page.removesuffix(".md") / "index.html").read_text(encoding="utf-8")
@@ -47,6 +60,8 @@ def test_a_failed_proof_is_shown_loudly_and_only_the_strict_build_fails(tmp_path
     strict = subprocess.run(build + [str(tmp_path / "strict"), "--strict"], cwd=ROOT, capture_output=True, text=True,
                             env=env)
     assert strict.returncode != 0
+    assert f"evidence for {meta['proofs'][0]}::{test} is failed" in strict.stdout + strict.stderr, \
+        "the strict build failed, but not for the planted failure"
 
 
 CODE = re.compile(r"<pre\b.*?</pre>|<code\b.*?</code>", re.S)

@@ -19,6 +19,7 @@ the tags and the notebook downloads without any hand edit.
 from __future__ import annotations
 
 import hashlib
+import json
 import html
 import posixpath
 import re
@@ -274,21 +275,30 @@ def notebook_uri(proof_rel: str) -> str:
 
 
 def notebooks(root: Path, out: Path) -> dict[str, Path]:
-    """Every proof file as a notebook (jupytext percent -> ipynb, with a python3 kernelspec): uri -> file."""
+    """Every proof file as a notebook (jupytext percent -> ipynb, with a python3 kernelspec): uri -> file.
+
+    A notebook is converted again only when its proof's bytes or jupytext's version changed since the last build
+    (out/notebooks/sources.json keeps a hash of both per proof): converting all of them took a few seconds a build."""
     import jupytext
 
-    made = {}
+    index = out / "notebooks" / "sources.json"
+    known = json.loads(index.read_text(encoding="utf-8")) if index.exists() else {}
+    made, seen = {}, {}
     for proof in sorted((root / "proofs").rglob("proof_*.py")):
         rel = proof.relative_to(root).as_posix()
-        nb = jupytext.read(proof, fmt="py:percent")
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        nb.metadata.setdefault("jupytext", {})["source"] = rel
         target = out / notebook_uri(rel)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        text = jupytext.writes(nb, fmt="ipynb")
-        if not target.exists() or target.read_text(encoding="utf-8") != text:
-            target.write_text(text, encoding="utf-8")
+        key = hashlib.sha256(proof.read_bytes() + jupytext.__version__.encode()).hexdigest()
+        if known.get(rel) != key or not target.exists():
+            nb = jupytext.read(proof, fmt="py:percent")
+            nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+            nb.metadata.setdefault("jupytext", {})["source"] = rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(jupytext.writes(nb, fmt="ipynb"), encoding="utf-8")
+        seen[rel] = key
         made[notebook_uri(rel)] = target
+    if seen != known:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        index.write_text(json.dumps(seen, indent=0, sort_keys=True), encoding="utf-8")
     return made
 
 
