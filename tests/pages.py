@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import yaml
@@ -29,5 +30,6 @@ def question_pages() -> dict[str, dict]:
     return pages
 
 
+@functools.cache  # one read per test process: every page's contract test asks for it
 def registry() -> dict[str, dict]:
     return yaml.safe_load((ROOT / "proofs" / "claims.yml").read_text(encoding="utf-8"))
