@@ -54,6 +54,7 @@ class MixerConfig(TransformerConfig):
     mixer: Union[str, tuple] = "softmax"  # the token mixer of every layer, or a tuple with one name per layer (hybrids)
     linear_normalise: bool = True  # linear attention: divide by φ(q)ᵀΣφ(k) (Katharopoulos eq. 5); False: no denominator
     delta_gate: bool = False  # delta rule: a learned decay α_t ∈ (0, 1) of the state each step (Gated DeltaNet)
+    delta_erase: bool = True  # delta rule: erase the value stored under k_t before writing; False: add only (additive)
     ssm_state: int = 16  # selective SSM: state size N per channel (Mamba's default is 16)
     ssm_selective: bool = True  # SSM: Δ, B, C computed from the input (Mamba's S6); False: fixed (time-invariant, S4-like)
     ssm_conv: int = 0  # SSM: width of a causal depthwise convolution before the scan (Mamba uses 4); 0 = none
@@ -193,12 +194,15 @@ class LinearAttention(RecurrentMixer):
 
 # --8<-- [start:delta]
 class DeltaRule(RecurrentMixer):
-    """The delta rule: S_t = α_t S_{t-1} (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ, y_t = S_t q_t (Yang et al. 2024, eq. 2).
+    """The delta rule: S_t = α_t S_{t-1} (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ, y_t = S_t q_t (DeltaNet, Yang et al. 2024;
+    the decay α_t is Gated DeltaNet's, Yang et al. 2025).
 
     Keys and queries are L2-normalised per head, β_t = σ(w_β x_t) ∈ (0, 1) per head is the writing strength, and
     α_t = σ(w_α x_t) the decay when delta_gate (Gated DeltaNet); α = 1 without it. With β = 1 and a unit key the new
-    state returns exactly v_t for k_t: the old value under that key is replaced, not added to. The parallel form here
-    runs the same recurrence from an empty state (the chunkwise WY form of the paper computes the same numbers faster).
+    state returns exactly v_t for k_t: the old value under that key is replaced, not added to. delta_erase=False drops
+    the erasing term (S_t = α_t S_{t-1} + β_t v_t k_tᵀ, additive like linear attention, same keys and gates).
+    `scan` runs the recurrence token by token (decoding); `chunkwise` computes the same numbers with one triangular
+    solve per chunk of tokens instead of a loop over them (training).
     """
 
     name = "delta"
@@ -209,27 +213,68 @@ class DeltaRule(RecurrentMixer):
         self.w_alpha = nn.Linear(cfg.d_model, cfg.n_heads) if cfg.delta_gate else None  # decay per head and token
 
     def gates(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        """β (B, nh, T) and log α (B, nh, T), or None without delta_gate."""
         beta = torch.sigmoid(self.w_beta(x)).transpose(1, 2)  # (B, nh, T)
-        alpha = None if self.w_alpha is None else torch.sigmoid(self.w_alpha(x)).transpose(1, 2)  # (B, nh, T)
-        return beta, alpha
+        log_alpha = None if self.w_alpha is None else F.logsigmoid(self.w_alpha(x)).transpose(1, 2)  # (B, nh, T)
+        return beta, log_alpha
 
     def parallel(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor) -> Tensor:
-        return self.recurrent(q, k, v, x, None)[0]
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # unit keys: k kᵀ is a projection
+        return self.chunkwise(q, k, v, *self.gates(x), erase=self.cfg.delta_erase)[0]
 
     def recurrent(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, state) -> tuple[Tensor, tuple]:
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        y, S = self.scan(q, k, v, *self.gates(x), state=None if state is None else state[0], erase=self.cfg.delta_erase)
+        return y, (S,)
+
+    @staticmethod
+    def scan(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_alpha: Optional[Tensor] = None,
+             state: Optional[Tensor] = None, erase: bool = True) -> tuple[Tensor, Tensor]:
+        """The recurrence, one token at a time: q, k, v (B, nh, T, hs), beta and log_alpha (B, nh, T), state S
+        (B, nh, hs_v, hs_k) or None (empty). Returns y (B, nh, T, hs_v) and the last state."""
         B, nh, T, hs = q.shape
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # unit keys: k kᵀ is a projection
-        beta, alpha = self.gates(x)
-        S = state[0] if state is not None else q.new_zeros(B, nh, hs, hs)  # (B, nh, hs_v, hs_k)
+        S = state if state is not None else q.new_zeros(B, nh, v.shape[-1], hs)  # (B, nh, hs_v, hs_k)
         ys = []
         for t in range(T):
-            kt, vt, bt = k[:, :, t], v[:, :, t], beta[:, :, t, None]  # (B, nh, hs), (B, nh, hs), (B, nh, 1)
-            if alpha is not None:
-                S = alpha[:, :, t, None, None] * S
-            old = (S @ kt[..., None])[..., 0]  # (B, nh, hs_v): the value the state now returns for k_t
+            kt, vt, bt = k[:, :, t], v[:, :, t], beta[:, :, t, None]  # (B, nh, hs), (B, nh, hs_v), (B, nh, 1)
+            if log_alpha is not None:
+                S = log_alpha[:, :, t, None, None].exp() * S  # decay the whole state by α_t
+            old = (S @ kt[..., None])[..., 0] if erase else 0  # (B, nh, hs_v): the value the state now returns for k_t
             S = S + (bt * (vt - old))[..., None] * kt[:, :, None, :]  # move it a share β towards v_t
             ys.append((S @ q[:, :, t, :, None])[..., 0])  # (B, nh, hs_v)
-        return torch.stack(ys, dim=2), (S,)
+        return torch.stack(ys, dim=2), S
+
+    @staticmethod
+    def chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_alpha: Optional[Tensor] = None,
+                  state: Optional[Tensor] = None, erase: bool = True, chunk: int = 64) -> tuple[Tensor, Tensor]:
+        """`scan`'s numbers without a loop over tokens (the UT/WY form of Yang et al. 2024, Appendix B). Write the update as
+        S_t = α_t S_{t-1} + u_t k_tᵀ with u_t = β_t (v_t - α_t S_{t-1} k_t). With γ_t = α_1⋯α_t inside a chunk that
+        starts from S_0, S_t = γ_t S_0 + Σ_{j≤t} (γ_t/γ_j) u_j k_jᵀ, so the u_t solve one unit lower-triangular system
+        (I + tril(diag(β)(Γ ⊙ K Kᵀ), -1)) U = diag(β)(V - diag(γ) K S_0ᵀ), Γ_tj = γ_t/γ_j, and every output follows:
+        Y = diag(γ) Q S_0ᵀ + (tril(Γ ⊙ Q Kᵀ)) U. One loop step per chunk carries S to the next chunk."""
+        if chunk < 1:
+            raise ConfigError(f"chunk={chunk}: the chunkwise form needs at least one token per chunk.")
+        B, nh, T, hs = q.shape
+        S = state if state is not None else q.new_zeros(B, nh, v.shape[-1], hs)  # (B, nh, hs_v, hs_k)
+        ys = []
+        for s in range(0, T, chunk):
+            qc, kc, vc = q[:, :, s:s + chunk], k[:, :, s:s + chunk], v[:, :, s:s + chunk]  # (B, nh, C, hs)
+            bc = beta[:, :, s:s + chunk, None]  # (B, nh, C, 1)
+            C = qc.shape[2]
+            g = (q.new_zeros(B, nh, C) if log_alpha is None else log_alpha[:, :, s:s + chunk].cumsum(-1))  # log γ_t
+            causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+            decay = (g[..., :, None] - g[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # Γ, 0 above diagonal
+            rhs = bc * (vc - g.exp()[..., None] * (kc @ S.transpose(-2, -1)) if erase else vc)  # (B, nh, C, hs_v)
+            if erase:
+                a = (bc * (kc @ kc.transpose(-2, -1)) * decay).tril(-1)  # β_t (γ_t/γ_j) k_tᵀk_j for j < t
+                eye = torch.eye(C, dtype=q.dtype, device=q.device)
+                u = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)  # (B, nh, C, hs_v)
+            else:
+                u = rhs  # no erasing: u_t = β_t v_t
+            ys.append(g.exp()[..., None] * (qc @ S.transpose(-2, -1)) + ((qc @ kc.transpose(-2, -1)) * decay) @ u)
+            w = (g[..., -1:] - g).exp()  # (B, nh, C): γ_C/γ_j
+            S = g[..., -1, None, None].exp() * S + (w[..., None] * u).transpose(-2, -1) @ kc  # (B, nh, hs_v, hs_k)
+        return torch.cat(ys, dim=2), S
 # --8<-- [end:delta]
 
 
