@@ -156,7 +156,7 @@ def test_convolution_only_when_parameters_are_fixed(ev, seed):
 # places among noise tokens, then 2 markers; at the i-th marker the model must output the i-th data token
 # (`proofs/selective_copy.py`). Which positions matter depends on what is there, not on how far back they are.
 # Two 1-layer LMs of the same shape (d_model 32, state N = 4 per channel, Mamba's width-4 convolution, the same
-# FFN), one with `ssm_selective=True`, one with False, trained from the same seed on the same 300 batches of 16,
+# FFN), one with `ssm_selective=True`, one with False, trained from the same seed on the same 200 batches of 16,
 # scored on 256 held-out sequences. Chance is 1/4.
 #
 # Δ_t is the step size: Δ ≈ 0 leaves the state untouched (the token is skipped), a large Δ writes the token in and
@@ -165,7 +165,7 @@ def test_convolution_only_when_parameters_are_fixed(ev, seed):
 
 # %%
 # --8<-- [start:copy]
-SPAN, N_DATA, N_COLORS, STEPS, BATCH = 16, 2, 4, 300, 16
+SPAN, N_DATA, N_COLORS, STEPS, BATCH = 16, 2, 4, 200, 16
 COPY_CFG = CFG.replace(vocab_size=copy_vocab(N_COLORS), d_model=32, d_ff=64)
 
 
@@ -198,16 +198,17 @@ def test_selective_copying_needs_selection(ev, seed):
     """At equal size, steps and data, the selective layer answers most markers and the time-invariant one falls well
     short. The claim would fail if the time-invariant arm matched the selective one (then making Δ, B, C depend on
     the token is not what solves it). The trained layer's Δ at noise and at data tokens is recorded, not asserted:
-    in 300 steps it barely moves from its initial range, so this toy does not show which of Δ, B, C does the work."""
+    in 200 steps it barely moves from its initial range, so this toy does not show which of Δ, B, C does the work."""
     r = copying(seed)
     ev.record("accuracy at the markers, selective (S6)", r["selective"], expect="high")
     ev.record("accuracy at the markers, time-invariant (Δ, B, C fixed)", r["time-invariant"], expect="lower")
     ev.record("selective − time-invariant", r["selective"] - r["time-invariant"], expect="> 0")
     ev.record("trained selective layer: mean Δ at data tokens", r["Δ at data"], key=False)
     ev.record("trained selective layer: mean Δ at noise tokens", r["Δ at noise"], key=False)
-    # sweep over seeds 100-129 (bench/seeds): selective 0.989 ± 0.020 (min 0.910): 0.8 is 9.6 SD below
-    # the mean; time-invariant 0.762 ± 0.054 (max 0.869); gap 0.227 ± 0.062 (min 0.098): 0.02 is 3.3 SD below the
-    # mean and a fifth of the smallest gap seen
-    assert r["selective"] > 0.8
+    # sweep over seeds 100-129 at 200 steps (bench/seeds): selective 0.956 ± 0.044 (min 0.770): 0.6 is 8 SD below the
+    # mean and under the minimum; time-invariant 0.709 ± 0.043 (max 0.760); gap 0.247 ± 0.058 (min 0.066): 0.02 is
+    # 3.9 SD below the mean and a third of the smallest gap. (At 300 steps, seeds 100-129: selective 0.989 ± 0.020,
+    # min 0.910; time-invariant 0.762 ± 0.054; gap 0.227 ± 0.062, min 0.098; cut to 200 for the file's time budget.)
+    assert r["selective"] > 0.6
     assert r["selective"] - r["time-invariant"] > 0.02
 # --8<-- [end:test_copy]
