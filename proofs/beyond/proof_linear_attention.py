@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import math
+from itertools import zip_longest
 
 import torch
 import torch.nn.functional as F
@@ -135,7 +136,8 @@ class MatmulFlops(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", "") in self.NAMES:
             a, b = (args[1], args[0]) if func.__name__ == "__rmatmul__" else args[:2]
-            batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]).numel()
+            # broadcast batch size (torch.broadcast_shapes would import torch._refs: ~1 s on first use)
+            batch = math.prod(max(n) for n in zip_longest(a.shape[-3::-1], b.shape[-3::-1], fillvalue=1))
             self.flops += 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
         return func(*args, **(kwargs or {}))
 
