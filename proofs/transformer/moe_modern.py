@@ -8,7 +8,11 @@
 
 The affinity s_e is the shared model's softmax router probability, and the gates are s_e renormalised over the
 chosen experts (as `MoEFeedForward` does for k > 1). DeepSeek-V3 uses sigmoid affinities normalised over the chosen
-ones (§2.1.2); DeepSeekMoE a softmax without renormalisation (§3). Either way the bias only moves the choice.
+ones (§2.1.2, eqs. 13-15); DeepSeekMoE a softmax without renormalisation (§3.1, eq. 7); Wang et al. gate by s_e
+itself (§3, eq. 3; s_e = G(u·e_e) with G a nonlinear gating function). Either way the bias only moves the choice.
+The update here runs once per training forward, after the routing, from that batch's load, so it acts on the next
+batch (as Wang et al.'s Algorithm 1: the current sequence's own load is not used, which would leak future tokens);
+with gradient accumulation it would run once per micro-batch.
 `bias_in_gates=True` is the switch a test flips: the biased score is used for the gates too.
 
 `DeepSeekMoE` subclasses `MoEFeedForward`: the routed experts are its `experts` (shared `FeedForward` modules of
@@ -18,7 +22,8 @@ DeepSeek-V3's code builds them). The forward is its own because the choice and t
 scores; with m = 1, n_s = 0 and a zero bias it equals `MoEFeedForward` bit for bit (tested). No capacity limit.
 `aux_loss` (Switch's E·Σ f·P) and `stats` are kept as in `MoEFeedForward`, so `DecoderLM.aux_loss()` and the
 trainer's `extra_loss` work unchanged; `stats["max_vio"]` is the batch's maximal violation (max load − mean) / mean
-(Wang et al. 2024).
+(Wang et al. 2024, §4.1, eq. 4 define it as MaxVio_global on the validation set; per training batch it is their
+MaxVio_batch).
 
 These options are not fields of `TransformerConfig`: editing config.py would mark every proof's evidence stale, so
 `apply_deepseek_moe(model, ...)` swaps a built DecoderLM's MoE layers instead (as peft.py swaps attributes).
