@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from proofs import kv_retrieval as R
+import proofs.kv_retrieval as R
 from proofs.train import train
 from proofs.transformer import BlockPool, ConfigError, DecoderLM, KVCache, TransformerConfig, record_attention
 from proofs.transformer.eviction import (EvictablePagedKVCache, check_budget, evict, expected_free_blocks,
