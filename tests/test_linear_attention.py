@@ -123,3 +123,20 @@ def test_bad_uses_raise_config_error():
     mixer(x, cache=state)
     with pytest.raises(ConfigError):
         state.truncate(1)  # a sum cannot forget its last tokens
+
+
+def test_every_registered_mixer_builds_and_its_file_is_in_the_fingerprint():
+    """mixer_class imports each mixer's file by name, so a proof that builds its model with mixer_lm has every mixer
+    file in its fingerprint (proofs/evidence.py reads import statements)."""
+    from proofs import evidence as E
+    from proofs.transformer.mixers import MIXERS, mixer_class
+
+    reached = {p.name for p in E.imported_modules(E.ROOT / "proofs" / "beyond" / "proof_linear_attention.py")}
+    for name, where in MIXERS.items():
+        if where is None:
+            continue
+        cls = mixer_class(name)
+        assert cls.__name__ == where[1]
+        assert f"{where[0].lstrip('.')}.py" in reached, f"{where[0]} is outside the fingerprint of mixer_lm's users"
+    with pytest.raises(ConfigError):
+        mixer_class("softmax")
