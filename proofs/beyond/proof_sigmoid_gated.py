@@ -12,11 +12,13 @@
 # Proofs for `docs/beyond/sigmoid-and-gated-attention.md`. The mixers are in `proofs/transformer/sigmoid_attention.py`
 # (`SigmoidAttention`, `GatedAttention`, subclasses of the shared `MultiHeadAttention` that override its `score`/`mix`
 # hooks and wrap its W_O); `mixer_lm` swaps them into the shared `DecoderLM`. The switches: `MixerConfig.mixer`
-# ("softmax", "sigmoid", "gated") and `sigmoid_bias` (None = −log n, n the keys a query sees; or a constant, 0 here).
+# ("softmax", "sigmoid", "gated") and `sigmoid_bias` (None = −log n_i, n_i the keys query i sees; or a constant:
+# 0, or −log T for the training length T as in Ramapuram et al.'s released configs).
 #
 # 1. Row sums and output norms against the number of keys n ∈ {16 … 1024}, one freshly initialised layer, the same
 #    weights under the three weightings (exact for softmax; sampled inputs for the sigmoid rows).
-# 2. A small LM with each weighting, equal steps and data (trained).
+# 2. A small LM with each weighting, equal steps and data (trained): b = −log T (one constant, the paper's), b = 0,
+#    and our module's per-row −log(i + 1) (recorded).
 # 3. The value-to-output path with and without the gate (exact, from the weights).
 # 4. A small LM with and without the gate, texts starting with BOS: attention on position 0 measured as the
 #    sliding-window page measures the sink, the largest activation and the mean gate (trained).
@@ -99,7 +101,9 @@ def rows_against_n(seed: int) -> dict:
 #
 # Text from a random Markov chain over 15 tokens behind a BOS token (the sliding-window page's sink experiment), 32
 # tokens per sequence; a 2-layer Pre-LN `mixer_lm` (d = 32, 4 heads) per weighting, the same initial seed and batches,
-# 60 Adam steps. Loss on 128 held-out sequences.
+# 60 Adam steps. Loss on 128 held-out sequences. The −log n arm is the paper's: one constant b = −log T for the
+# training length T (Ramapuram et al.'s released LM config sets sigmoid_bias = −7.62 = −ln 2048 for 2048-token
+# training); our module's default, −log(i + 1) per causal row, is a fourth arm, recorded.
 
 # %%
 # --8<-- [start:lm]
@@ -122,8 +126,10 @@ def text(P: torch.Tensor, g: torch.Generator, rows: int) -> torch.Tensor:
     return torch.cat([torch.full((rows, 1), BOS), x], 1)
 
 
-ARMS = {"softmax": {}, "gated": dict(mixer="gated"), "sigmoid, b = -log n": dict(mixer="sigmoid"),
-        "sigmoid, b = 0": dict(mixer="sigmoid", sigmoid_bias=0.0)}
+ARMS = {"softmax": {}, "gated": dict(mixer="gated"),
+        "sigmoid, b = -log n": dict(mixer="sigmoid", sigmoid_bias=-math.log(T)),  # one constant, n = T (the paper's)
+        "sigmoid, b = 0": dict(mixer="sigmoid", sigmoid_bias=0.0),
+        "sigmoid, b = -log(i+1) per row": dict(mixer="sigmoid")}  # our module's default: n_i = keys row i sees
 
 
 @functools.cache
@@ -139,7 +145,8 @@ def trained(seed: int, arm: str, steps: int = 60, batch: int = 16):
 @torch.no_grad()
 def measure(model, held: torch.Tensor) -> dict:
     """Held-out loss; share of attention on key 0 (queries >= W, all layers and heads, each row over its own sum);
-    the largest |activation| in the residual stream (layer outputs); the mean gate of gated layers."""
+    the largest |activation| of each layer's output, averaged over layers (Qiu et al.'s M-Act, §4.3); the mean gate
+    of gated layers."""
     x, y = held[:, :-1], held[:, 1:]
     acts = []
     hooks = [layer.register_forward_hook(lambda mod, i, o: acts.append(o.abs().max().item()))
@@ -154,7 +161,8 @@ def measure(model, held: torch.Tensor) -> dict:
         per_layer.append((w[..., 0] / w.sum(-1)).mean().item())  # softmax rows sum to 1 already
     uniform = (1.0 / torch.arange(W + 1, T + 1).double()).mean().item()
     gates = [m.w_o.last_gate.mean().item() for m in mods if isinstance(m, GatedAttention)]
-    return {"loss": loss, "share": sum(per_layer) / len(per_layer), "uniform": uniform, "max act": max(acts),
+    return {"loss": loss, "share": sum(per_layer) / len(per_layer), "uniform": uniform,
+            "max act": sum(acts) / len(acts),
             "gate": sum(gates) / len(gates) if gates else float("nan")}
 
 
@@ -294,22 +302,31 @@ def test_sigmoid_row_sums_grow_with_n_unless_biased_by_minus_log_n(ev, seed):
 # --8<-- [start:test_lm]
 @pytest.mark.claim("C-SIGATT-1", "confirmed")
 def test_a_sigmoid_lm_with_minus_log_n_trains_like_softmax_and_without_it_lags(ev, seed):
-    """Equal steps, data and initial seed: the sigmoid LM with b = −log n reaches about the softmax LM's held-out loss;
-    with b = 0 (rows summing to about n/2 at init) it ends higher. Would be refuted by the b = 0 arm ending no worse
-    than the −log n arm, or by the −log n arm ending far above softmax."""
+    """Equal steps, data and initial seed: the sigmoid LM with the paper's b = −log n (one constant, n = T, the
+    training length) reaches about the softmax LM's held-out loss; with b = 0 (rows summing to about n/2 at init) it
+    ends higher. Our module's per-row variant −log(i + 1) is recorded beside it, not asserted. Would be refuted by the
+    b = 0 arm ending no worse than the −log n arm, or by the −log n arm ending as far from softmax as b = 0 does on
+    average (the bound below sits under that gap)."""
     r = lm_results(seed)
-    for arm in ("softmax", "sigmoid, b = -log n", "sigmoid, b = 0"):
-        ev.record(f"held-out loss, {arm}", r[arm]["loss"])
+    for arm in ("softmax", "sigmoid, b = -log n", "sigmoid, b = 0", "sigmoid, b = -log(i+1) per row"):
+        ev.record(f"held-out loss, {arm}", r[arm]["loss"], key=arm != "sigmoid, b = -log(i+1) per row")
     d_bias = r["sigmoid, b = 0"]["loss"] - r["sigmoid, b = -log n"]["loss"]
     d_soft = r["sigmoid, b = -log n"]["loss"] - r["softmax"]["loss"]
     ev.record("loss(sigmoid, b = 0) − loss(sigmoid, b = −log n)", d_bias, expect="> 0")
     ev.record("loss(sigmoid, b = −log n) − loss(softmax)", d_soft, expect="≈ 0")
+    ev.record("loss(sigmoid, b = 0) − loss(softmax)", r["sigmoid, b = 0"]["loss"] - r["softmax"]["loss"], key=False)
+    ev.record("loss(sigmoid, −log(i+1) per row) − loss(sigmoid, b = −log n)",
+              r["sigmoid, b = -log(i+1) per row"]["loss"] - r["sigmoid, b = -log n"]["loss"], expect="recorded")
     ev.record("attention share on position 0 / uniform, sigmoid b = -log n (each row over its own sum)",
               r["sigmoid, b = -log n"]["share"] / r["sigmoid, b = -log n"]["uniform"], key=False)
-    # Seeds 100-139 (40 models per arm): loss(b = 0) - loss(-log n) 0.104 ± 0.026 (min 0.036), so > 0 holds at 4 sd;
-    # loss(-log n) - loss(softmax) 0.012 ± 0.031 (min -0.040, max 0.151), so |.| < 0.25 is 7.7 sd from the mean.
+    # Seeds 100-139 (40 models per arm, b = -log n the constant -log T): loss(b = 0) - loss(-log n) 0.125 ± 0.027
+    # (min 0.063), so > 0 holds at 4.6 sd; loss(-log n) - loss(softmax) -0.010 ± 0.026 (min -0.050, max 0.096), so
+    # |.| < 0.1 is 4.3 sd from the mean and above the max; b = 0's own gap to softmax is 0.116 ± 0.040 (min 0.052): the
+    # bound fails it in most models but not all, so the per-seed separation rests on d_bias. Per-row -log(i+1) minus the
+    # constant: 0.022 ± 0.015 (recorded). (The first version trained the per-row variant as its -log n arm and bounded
+    # |.| by 0.25, which the b = 0 arm passes too.)
     assert d_bias > 0
-    assert abs(d_soft) < 0.25
+    assert abs(d_soft) < 0.1
 # --8<-- [end:test_lm]
 
 
@@ -337,14 +354,16 @@ def test_without_the_gate_the_value_path_is_one_low_rank_linear_map(ev, seed):
 def test_the_output_gate_and_the_sink_on_position_0(ev, seed):
     """Texts start with BOS, so the softmax LM parks attention on position 0 (the sliding-window page's sink). The same
     LM with the G1 gate, equal steps and data: share on position 0, the largest activation in the residual stream, the
-    mean gate. Qiu et al. tie the sink's removal to gates that are sparse (mostly near 0); here the trained gates stay
-    dense, near σ(0) = 1/2, and the sink is not removed reliably: the share with the gate is recorded, with its
-    seed-to-seed spread, not asserted. Would be refuted (the gate sparse on the toy too) by a mean gate below 0.35."""
+    mean gate. Qiu et al. tie the sink's removal to gates that are sparse (mostly near 0; their non-sparse control,
+    gates in [0.5, 1], keeps the sink: Table 4 row 7); here the trained gates stay dense, near σ(0) = 1/2, and the toy
+    does NOT reproduce the removal: the share with the gate goes up in some models and down in others (its spread over
+    seeds is recorded, nothing about it is asserted). Would be refuted (the gate sparse on the toy too) by a mean gate
+    below 0.35."""
     r = lm_results(seed)
     soft, gated = r["softmax"], r["gated"]
     for arm, m in (("softmax", soft), ("gated", gated)):
         ev.record(f"attention share on position 0 / uniform, {arm}", m["share"] / m["uniform"])
-        ev.record(f"largest absolute activation, {arm}", m["max act"])
+        ev.record(f"largest absolute activation per layer, mean over layers, {arm}", m["max act"])
         ev.record(f"held-out loss, {arm}", m["loss"], key=False)
     ev.record("mean gate value, gated", gated["gate"], expect="about 1/2: dense, not sparse")
     ev.record("log(share softmax / share gated)", math.log(soft["share"] / gated["share"]), expect="> 0 in some models")

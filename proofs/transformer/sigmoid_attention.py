@@ -3,9 +3,10 @@
     "sigmoid"  SigmoidAttention: the row softmax replaced by an elementwise σ(s_ij + b) (Ramapuram et al. 2024). Rows
                no longer sum to 1: at init each weight is about σ(0) = 1/2, so a row of n keys sums to about n/2. The
                bias b = -log n turns σ(s - log n) = 1/(1 + n e^{-s}) into about e^s / n, so the row sum stays near
-               E[e^s] whatever n. `cfg.sigmoid_bias`: a fixed b for every row, or None = -log(n_i) with n_i the number
-               of keys query i sees (Ramapuram et al. use one b = -log n for the training length n; the per-row count
-               is our choice, so that a decoding step sees the bias the full forward gives that position).
+               E[e^s] whatever n. `cfg.sigmoid_bias`: a fixed b for every row (Ramapuram et al.'s released configs
+               set one b = -log n for the training length n), or None = -log(n_i) with n_i the number of keys query i
+               sees: our variant, under which every causal row sums to about E[e^s] whatever its position. Decoding
+               with the cache computes what the full forward does under either.
     "gated"    GatedAttention: the softmax attention unchanged, its concatenated head outputs Y multiplied by a sigmoid
                gate from the layer input before W_O: Y' = Y ⊙ σ(X W_θ) (Qiu et al. 2025, position G1 of Fig. 1,
                elementwise). Without it the value-to-output path W_V ... W_O is linear in the values.
