@@ -17,3 +17,18 @@ def test_no_proof_imports_another_proof():
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
                           if any(part.startswith("proof_") for part in n.split("."))]
     assert not offenders, "move the shared set-up into a module beside proofs/tasks.py:\n" + "\n".join(offenders)
+
+
+def test_project_modules_are_imported_in_a_form_the_fingerprint_follows():
+    """A proof's evidence is current only while the code it ran is unchanged: proofs/evidence.py hashes the project
+    modules a proof imports as `from proofs.x import a` or `import proofs.x`. `from proofs import x` names the
+    module as an attribute of the package, which that reading does not follow, so an edit to x would leave the
+    evidence marked current (two proofs did this: kv_eviction and hybrids)."""
+    offenders = []
+    modules = {p.stem for p in (ROOT / "proofs").glob("*.py")} | {p.name for p in (ROOT / "proofs").iterdir() if p.is_dir()}
+    for path in sorted((ROOT / "proofs").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "proofs":
+                offenders += [f"{path.relative_to(ROOT)}:{node.lineno} from proofs import {a.name}" for a in node.names
+                              if a.name in modules and a.name != "evidence"]
+    assert not offenders, "write `import proofs.x as X` or `from proofs.x import ...`:\n" + "\n".join(offenders)

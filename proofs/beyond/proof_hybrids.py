@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import torch
 
-from proofs import hybrid_runs as H
+import proofs.hybrid_runs as H
 
 SOFTMAX, HYBRID, LINEAR, SSM = ("softmax", "softmax"), ("softmax", "linear"), ("linear", "linear"), ("ssm", "ssm")
 PAIRS = 2 * H.WIDTH  # stored pairs: twice the side of the recurrent layers' d×d state
