@@ -133,11 +133,12 @@ def test_one_softmax_layer_recovers_the_recall(ev, seed):
     ev.record("hybrid minus all-linear", hyb - lin["recall"])
     ev.record("all-softmax minus hybrid", soft["recall"] - hyb)
     ev.record("chance (1 / values)", 1 / H.VALUES, key=False)
-    # Seeds 100-139 (40/40 pass): hybrid − all-linear 0.281 ± 0.081 (min 0.091, max 0.440); 0.05 is 2.9 sd below the
-    # mean and below the min. Hybrid (mean of 2) 0.644 ± 0.076, all-softmax 0.664 ± 0.101, all-linear 0.363 ± 0.042:
+    # Seeds 100-139 (40/40 pass): hybrid − all-linear 0.281 ± 0.081 (min 0.091, max 0.440); the bound 0 is 3.5 sd
+    # below the mean and below the min (it was 0.05, 2.9 sd: too thin; the recorded runs are unchanged).
+    # Hybrid (mean of 2) 0.644 ± 0.076, all-softmax 0.664 ± 0.101, all-linear 0.363 ± 0.042:
     # on average the hybrid closes (0.644 − 0.363)/(0.664 − 0.363) ≈ 93 % of the gap; all-softmax − hybrid per seed
     # 0.020 ± 0.134 (min −0.308, max 0.361), hence recorded, not asserted. Single hybrid runs: 0.353 to 0.906.
-    assert hyb - lin["recall"] > 0.05
+    assert hyb - lin["recall"] > 0
 
 
 @pytest.mark.claim("C-FOLK-29", "refuted")
