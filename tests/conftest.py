@@ -142,3 +142,19 @@ def page(browser, server):
     outside = [u for u in pg.requests if urlparse(u).hostname not in ("127.0.0.1", None)]
     assert not outside, f"requests left the machine: {outside}"
     assert not pg.errors, f"console errors: {pg.errors}"
+
+
+@pytest.fixture(autouse=True)
+def torch_default_dtype_is_left_as_found():
+    """A test that changes torch's default dtype must put it back: under pytest-xdist the tests that run after it in
+    the same worker would otherwise build float64 modules and fail far from the cause."""
+    import torch
+
+    before = torch.get_default_dtype()
+    yield
+    after = torch.get_default_dtype()
+    if after != before:
+        torch.set_default_dtype(before)
+        pytest.fail(f"this test changed torch's default dtype from {before} to {after} and left it so; restore it "
+                    f"(a fixture that sets it and resets it after the yield).", pytrace=False)
+
