@@ -44,11 +44,14 @@ def config(**kw) -> TransformerConfig:
 
 @functools.cache
 def trained(seed: int, steps: int = 250) -> DecoderLM:
-    """The toy LM, trained once per seed and shared by every budget and policy."""
+    """The toy LM, trained once per seed and shared by every budget and policy. Grad is switched on for the training
+    whatever the caller's mode: the first caller may be a test under @torch.no_grad() (run alone, or first in its
+    worker), which failed with "does not require grad" before."""
     torch.manual_seed(seed)
     model = DecoderLM(config())
     g = torch.Generator().manual_seed(seed)
-    train(model, lambda s: R.training_batch(g, 32, KEYS, VALUES, FACTS), steps, lr=1e-2)
+    with torch.enable_grad():
+        train(model, lambda s: R.training_batch(g, 32, KEYS, VALUES, FACTS), steps, lr=1e-2)
     return model.eval()
 
 
