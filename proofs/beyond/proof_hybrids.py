@@ -53,7 +53,7 @@ def name(stack: tuple) -> str:
 LAYOUTS = (SOFTMAX, HYBRID, LINEAR, SSM, ("linear", "linear", "linear", "softmax"))
 
 
-def memory(seed: int, lengths=(16, 48)) -> dict:
+def memory(seed: int, lengths=(8, 16, 24, 32, 40, 48)) -> dict:
     return {name(s): H.decode_bytes(s, lengths, seed) for s in LAYOUTS}
 # --8<-- [end:memory]
 
@@ -110,6 +110,20 @@ def test_decoding_memory_grows_only_with_the_attention_layers(ev, seed):
         assert r[name(stack)]["decode vs full forward"] < 1e-9
     soft, hyb = r[name(SOFTMAX)]["bytes"], r[name(HYBRID)]["bytes"]
     ev.record("hybrid's growth per token / all-softmax's", (hyb[48] - hyb[16]) / (soft[48] - soft[16]), expect="1/2")
+    _plot_memory(ev, r)
+
+
+def _plot_memory(ev, r: dict):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.2), constrained_layout=True)
+    for stack in LAYOUTS:
+        b = r[name(stack)]["bytes"]
+        ax.plot(list(b), [v / 1024 for v in b.values()], marker="o", ms=3, label=name(stack))
+    ax.set(xlabel="tokens decoded", ylabel="decoding memory (KiB, fp64)")
+    ax.legend(fontsize=7)
+    ev.figure(fig, "memory", "Decoding memory of each stack (state_bytes of mixer_lm's caches) as tokens are decoded "
+                             "one at a time: flat for recurrent layers, a fixed slope per softmax layer.")
 
 
 @pytest.mark.claim("C-HYBRID-1", "confirmed")
