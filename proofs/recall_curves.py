@@ -1,0 +1,139 @@
+"""Set-up of the trained recall curves (docs/beyond/linear-attention.md, docs/beyond/delta-rule.md): one mixer layer
+trained on fused MQAR with a mixture of pair counts, then its recall measured at each pair count.
+
+Every arm is the shared DecoderLM (`mixer_lm`) with ONE layer, one head and d_model = d_head = WIDTH; only
+MixerConfig's mixer switch (and, for the additive arm, delta_erase) differs. Same embeddings, FFN, steps, learning
+rate and batches (one seed gives every arm the same data stream). The recurrent arms' state is one WIDTH × WIDTH
+matrix (plus a WIDTH-vector normaliser for linear attention); softmax attention keeps a key and a value per token.
+
+Training cycles through the pair counts PAIRS, one count per step (step s stores PAIRS[s mod len(PAIRS)] pairs), so
+one run learns the task at every count and one training gives the whole curve; recall is then the share of queries
+answered exactly on a held-out batch at each count. Zoology (Arora et al. 2023, §3) also sweeps the number of
+key-value pairs against the model's dimension; its format has two tokens a pair, ours one (proofs/mqar.py, fused),
+so that one layer can retrieve.
+
+rewrite_batch is the same task with every key written twice, each time with a different value, and the query
+asking for the value written last: what the delta rule's erase term is for (an additive state returns the sum of
+both values). It trains on REWRITE_PAIRS keys, well inside the state, so that it tests overwriting, not capacity.
+
+The recipe (searched on one CPU thread, seeds 100-101, 2026-11-27): 32 keys, 4 values (128 pair tokens), 16 queries,
+WIDTH 16, pairs 2…32, Adam lr 1e-2, batch 64, 200 steps: about 2 s per arm on one thread. At 300 steps and lr 3e-3
+or 6e-3 the curves have the same shape (softmax flat near 0.9, linear falling with the pairs); at lr 3e-3 every arm
+is less trained. Softmax is not converged at 200 steps either (about 0.93 at every count): the curves compare equal
+budgets, and what the comparison rests on is the SHAPE, flat for the cache and falling for a fixed state.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .mqar import IGNORE, mqar, mqar_vocab, recall
+from .train import train
+from .transformer.mixers import MixerConfig, mixer_lm
+
+KEYS, VALUES, QUERIES = 32, 4, 16  # keys to draw pairs from, values, queries per sequence
+WIDTH = 16  # d_model = d_head (one head): the recurrent state is WIDTH × WIDTH
+PAIRS = (2, 4, 8, 16, 24, 32)  # pair counts trained on (cycled, one per step) and measured
+REWRITE_PAIRS = 8  # rewrite task: keys written twice each (2·8 pair tokens, then the queries)
+STEPS, LR, BATCH, TEST_BATCH = 200, 1e-2, 64, 256
+ARMS = {  # arm -> the MixerConfig switches that make it; everything else is the same
+    "softmax": dict(mixer="softmax"),
+    "linear": dict(mixer="linear"),  # elu+1 features, normalised (Katharopoulos et al. 2020)
+    "additive": dict(mixer="delta", delta_erase=False),  # the delta layer without its erase term: S += β v kᵀ
+    "delta": dict(mixer="delta"),  # S ← S (I − β k kᵀ) + β v kᵀ (DeltaNet)
+}
+
+
+def config(arm: str, **kw) -> MixerConfig:
+    base = dict(vocab_size=mqar_vocab(KEYS, VALUES, fused=True), d_model=WIDTH, n_heads=1, d_ff=2 * WIDTH,
+                n_layers=1, max_len=max(PAIRS) + QUERIES, positions="none", norm_position="pre",
+                dropout_emb=0.0, dropout_residual=0.0, tie_embeddings="none", scale_embeddings=False,
+                attn_impl="explicit")
+    return MixerConfig(**{**base, **ARMS[arm], **kw})
+
+
+# --8<-- [start:curve]
+def mixture_batches(seed: int, batch: int = BATCH):
+    """batches(step) -> a fused MQAR batch with PAIRS[step mod len(PAIRS)] pairs, the same stream for every arm."""
+    g = torch.Generator().manual_seed(seed)
+    cache: list = []
+
+    def get(step: int):
+        while len(cache) <= step:
+            cache.append(mqar(g, batch, PAIRS[len(cache) % len(PAIRS)], QUERIES, KEYS, VALUES, fused=True))
+        return cache[step]
+
+    return get
+
+
+def recall_curve(arm: str, seed: int, steps: int = STEPS, lr: float = LR) -> dict:
+    """Train one arm on the mixture; recall at each pair count on held-out batches (the same for every arm)."""
+    torch.manual_seed(seed)
+    model = mixer_lm(config(arm))
+    t0 = time.perf_counter()
+    log = train(model, mixture_batches(seed), steps, lr=lr)
+    seconds = time.perf_counter() - t0
+    curve = {}
+    for n in PAIRS:
+        x, y = mqar(torch.Generator().manual_seed(seed + 10_000 + n), TEST_BATCH, n, QUERIES, KEYS, VALUES, fused=True)
+        curve[n] = recall(model, x, y)
+    return {"recall": curve, "loss": log.final(), "seconds": seconds,
+            "params": sum(p.numel() for p in model.parameters())}
+# --8<-- [end:curve]
+
+
+# --8<-- [start:rewrite]
+def rewrite_batch(g: torch.Generator, batch: int, n_pairs: int = REWRITE_PAIRS) -> tuple:
+    """Fused MQAR where every key is written twice: n_pairs distinct pairs, then the same keys again in a shuffled
+    order, each with a DIFFERENT value; queries ask for keys, and the answer is the value written LAST.
+
+        x:  p(k_1,v_1) … p(k_n,v_n)  p(k_π1,v'_π1) … p(k_πn,v'_πn)  q_1 … q_m        (B, 2n + m)
+
+    An additive state holds v + v' under each key; the delta rule can replace v by v'."""
+    x, _ = mqar(g, batch, n_pairs, QUERIES, KEYS, VALUES, fused=True)
+    first = x[:, :n_pairs]  # (B, n) pair tokens 1 + KEYS + (key − 1)·VALUES + value
+    key, value = (first - 1 - KEYS) // VALUES + 1, (first - 1 - KEYS) % VALUES  # (B, n) each, value in [0, VALUES)
+    order = torch.rand(batch, n_pairs, generator=g).argsort(dim=1)  # (B, n) the rewrite order
+    key2, old = key.gather(1, order), value.gather(1, order)  # (B, n)
+    new = (old + torch.randint(1, VALUES, (batch, n_pairs), generator=g)) % VALUES  # (B, n) never the old value
+    second = 1 + KEYS + (key2 - 1) * VALUES + new  # (B, n)
+    which = torch.randint(0, n_pairs, (batch, QUERIES), generator=g)  # (B, m) which rewritten key each query asks
+    queries = key2.gather(1, which)  # (B, m)
+    x = torch.cat([first, second, queries], dim=1)  # (B, 2n + m)
+    y = torch.full_like(x, IGNORE)
+    y[:, 2 * n_pairs:] = new.gather(1, which) + 1 + KEYS + KEYS * VALUES  # answer ids after the pair tokens
+    return x, y
+
+
+def rewrite_recall(arm: str, seed: int, steps: int = STEPS, lr: float = LR) -> dict:
+    """Train one arm on rewrite_batch; recall of the latest value on a held-out batch."""
+    torch.manual_seed(seed)
+    model = mixer_lm(config(arm))
+    g, cache = torch.Generator().manual_seed(seed), []
+
+    def batches(step: int):
+        while len(cache) <= step:
+            cache.append(rewrite_batch(g, BATCH))
+        return cache[step]
+
+    t0 = time.perf_counter()
+    log = train(model, batches, steps, lr=lr)
+    seconds = time.perf_counter() - t0
+    x, y = rewrite_batch(torch.Generator().manual_seed(seed + 10_000), TEST_BATCH)
+    return {"recall": recall(model, x, y), "loss": log.final(), "seconds": seconds}
+# --8<-- [end:rewrite]
+
+
+if __name__ == "__main__":
+    import sys
+
+    torch.set_num_threads(1)
+    for s in [int(a) for a in sys.argv[1].split(",")] if len(sys.argv) > 1 else [100]:
+        for arm in ARMS:
+            r = recall_curve(arm, s)
+            print(s, arm, {n: round(v, 3) for n, v in r["recall"].items()}, f"{r['seconds']:.1f} s", flush=True)
+        for arm in ("additive", "delta"):
+            r = rewrite_recall(arm, s)
+            print(s, arm, "rewrites", round(r["recall"], 3), f"{r['seconds']:.1f} s", flush=True)
