@@ -6,15 +6,19 @@ of each layer changes. The task is MQAR in the fused format of proofs/mqar.py (o
 layer can retrieve and the few hundred steps the budget allows go to retrieval, not to the previous-token step that
 Zoology's two-token format needs first (a 2-layer model took ~800 steps on it, see proofs/mqar.py).
 
-The recipe (searched on one CPU thread, seed 100-104, 2026-11-27): d_model 8 with ONE head, so linear attention's
-state is one 8×8 matrix (plus an 8-vector normaliser) and the selective SSM's 8 channels × 8 states: 64 numbers per
-layer either way; 16 keys, 4 values (64 pair tokens), 16 queries per sequence, 2d = 16 pairs; positions "none"
-(retrieval is by content), pre-norm, no dropout, untied embeddings, Adam lr 1e-2, batch 64, 150 steps (~1.5 s per
-attention or linear stack, ~4 s for the SSM stack on a loaded machine). What did not work within the budget:
-d_model 16 with 32 keys × 8 values (256 pair tokens: softmax 0.39 recall at 32 pairs after 200 steps); lr 2e-2 or
-3e-2 (softmax worse); the linear layer BELOW the softmax layer (0.43-0.52 where softmax-first got 0.62-0.81); batch 32
-(noisier). At 150 steps the stacks are not converged: even the all-linear stack at 4 pairs recalled only 0.39-0.54,
-so the trained comparison is one of equal budgets, not of converged capacities.
+Training mixes the pair counts PAIRS, one count per step (step s stores PAIRS[s mod len(PAIRS)] pairs), as
+proofs/recall_curves.py does for single layers: one run learns the task at every count, and recall is then measured
+at each count on held-out batches, so every stack gives a curve of recall against pairs, not one number.
+
+The recipe (searched on one CPU thread, 2026-11-27): d_model 8 with ONE head, so linear attention's state is one 8×8
+matrix (plus an 8-vector normaliser) and the selective SSM's 8 channels × 8 states: 64 numbers per layer either way;
+16 keys, 4 values (64 pair tokens), 16 queries per sequence, pairs 2…16 (up to 2d), positions "none" (retrieval is
+by content), pre-norm, no dropout, untied embeddings, Adam lr 1e-2, batch 64, 200 steps (about 1.5 s per attention
+or linear stack, 5 s for the SSM stack, on one thread). Seed 100 of the search: all-softmax 0.91 → 0.88 from 2 to 16
+pairs, softmax + linear 0.90 → 0.89, all-linear 0.77 → 0.43, all-SSM 0.65 → 0.41. What did not work: one pair count
+per run (16 pairs, 150 steps: single attention runs spread from 0.35 to 0.91 over seeds, some had not learned to
+retrieve); d_model 16 (the SSM stack took 20 s); the linear layer BELOW the softmax layer learned more slowly than
+softmax first (both recipes); lr 2e-2 or 3e-2 (softmax worse).
 """
 
 from __future__ import annotations
@@ -23,16 +27,17 @@ import time
 
 import torch
 
-from .mqar import mqar, mqar_batches, mqar_vocab, recall
+from .mqar import mqar, mqar_vocab, recall
 from .train import train
 from .transformer.mixers import MixerConfig, mixer_lm, state_bytes
 
 KEYS, VALUES, QUERIES = 16, 4, 16  # keys to draw pairs from, values, queries per sequence
 WIDTH = 8  # d_model = the state's side: one head, d_head = 8
-STEPS, LR, BATCH = 150, 1e-2, 64
+PAIRS = (2, 4, 8, 12, 16)  # pair counts trained on (cycled, one per step) and measured: up to 2 · WIDTH
+STEPS, LR, BATCH, TEST_BATCH = 200, 1e-2, 64, 256
 
 
-def config(stack: tuple, n_pairs: int, d_model: int = WIDTH, **kw) -> MixerConfig:
+def config(stack: tuple, n_pairs: int = max(PAIRS), d_model: int = WIDTH, **kw) -> MixerConfig:
     base = dict(vocab_size=mqar_vocab(KEYS, VALUES, fused=True), d_model=d_model, n_heads=1, d_ff=2 * d_model,
                 n_layers=len(stack), max_len=n_pairs + QUERIES, positions="none", norm_position="pre",
                 dropout_emb=0.0, dropout_residual=0.0, tie_embeddings="none", scale_embeddings=False,
@@ -40,16 +45,26 @@ def config(stack: tuple, n_pairs: int, d_model: int = WIDTH, **kw) -> MixerConfi
     return MixerConfig(**{**base, **kw})
 
 
-def trained_recall(stack: tuple, n_pairs: int, seed: int, steps: int = STEPS, lr: float = LR, batch: int = BATCH,
-                   d_model: int = WIDTH, test_batch: int = 256) -> dict:
-    """Train `stack` on fused MQAR with n_pairs pairs; recall on a fresh held-out batch."""
+def trained_curve(stack: tuple, seed: int, steps: int = STEPS, lr: float = LR, d_model: int = WIDTH) -> dict:
+    """Train `stack` on fused MQAR with the pair counts PAIRS mixed (one count a step, the same stream for every
+    stack of a seed); recall at each count on held-out batches."""
     torch.manual_seed(seed)
-    model = mixer_lm(config(stack, n_pairs, d_model))
-    batches = mqar_batches(seed, batch, n_pairs, QUERIES, KEYS, VALUES, fused=True)
+    model = mixer_lm(config(stack, d_model=d_model))
+    g, cache = torch.Generator().manual_seed(seed), []
+
+    def batches(step: int):
+        while len(cache) <= step:
+            cache.append(mqar(g, BATCH, PAIRS[len(cache) % len(PAIRS)], QUERIES, KEYS, VALUES, fused=True))
+        return cache[step]
+
     t0 = time.perf_counter()
     log = train(model, batches, steps, lr=lr)
-    x, y = mqar(torch.Generator().manual_seed(seed + 10_000), test_batch, n_pairs, QUERIES, KEYS, VALUES, fused=True)
-    return {"recall": recall(model, x, y), "loss": log.final(), "seconds": time.perf_counter() - t0,
+    seconds = time.perf_counter() - t0
+    curve = {}
+    for n in PAIRS:
+        x, y = mqar(torch.Generator().manual_seed(seed + 10_000 + n), TEST_BATCH, n, QUERIES, KEYS, VALUES, fused=True)
+        curve[n] = recall(model, x, y)
+    return {"recall": curve, "loss": log.final(), "seconds": seconds,
             "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -72,10 +87,8 @@ if __name__ == "__main__":
     import sys
 
     torch.set_num_threads(1)
-    stacks = [("softmax", "softmax"), ("linear", "linear"), ("ssm", "ssm"), ("linear", "softmax")]
-    pairs = [int(a) for a in sys.argv[1].split(",")] if len(sys.argv) > 1 else [4, 32]
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else STEPS
-    for n in pairs:
+    stacks = [("softmax", "softmax"), ("softmax", "linear"), ("linear", "linear"), ("ssm", "ssm")]
+    for seed in [int(a) for a in sys.argv[1].split(",")] if len(sys.argv) > 1 else [100]:
         for s in stacks:
-            r = trained_recall(s, n, 100, steps=steps)
-            print(n, s, {k: round(v, 3) for k, v in r.items()}, flush=True)
+            r = trained_curve(s, seed)
+            print(seed, s, {n: round(v, 3) for n, v in r["recall"].items()}, f"{r['seconds']:.1f} s", flush=True)

@@ -15,6 +15,10 @@ so that one layer can retrieve.
 rewrite_batch is the same task with every key written twice, each time with a different value, and the query
 asking for the value written last: what the delta rule's erase term is for (an additive state returns the sum of
 both values). It trains on REWRITE_PAIRS keys, well inside the state, so that it tests overwriting, not capacity.
+No arm has positions, so an arm that cannot tell which write came last can at best guess between the two values
+(1/2). The arm "gated additive" adds Gated DeltaNet's decay α_t without the erase term: a decay could also favour
+the latest write, by shrinking the older one. written_beta reads the learned writing strength β of a DeltaRule
+layer, since the erase term's effect grows with β (at β → 0 the delta rule and the additive state coincide).
 
 The recipe (searched on one CPU thread, seeds 100-101, 2026-11-27): 32 keys, 4 values (128 pair tokens), 16 queries,
 WIDTH 16, pairs 2…32, Adam lr 1e-2, batch 64, 200 steps: about 2 s per arm on one thread. At 300 steps and lr 3e-3
@@ -31,7 +35,7 @@ import torch
 
 from .mqar import IGNORE, mqar, mqar_vocab, recall
 from .train import train
-from .transformer.mixers import MixerConfig, mixer_lm
+from .transformer.mixers import DeltaRule, MixerConfig, mixer_lm
 
 KEYS, VALUES, QUERIES = 32, 4, 16  # keys to draw pairs from, values, queries per sequence
 WIDTH = 16  # d_model = d_head (one head): the recurrent state is WIDTH × WIDTH
@@ -43,15 +47,31 @@ ARMS = {  # arm -> the MixerConfig switches that make it; everything else is the
     "linear": dict(mixer="linear"),  # elu+1 features, normalised (Katharopoulos et al. 2020)
     "additive": dict(mixer="delta", delta_erase=False),  # the delta layer without its erase term: S += β v kᵀ
     "delta": dict(mixer="delta"),  # S ← S (I − β k kᵀ) + β v kᵀ (DeltaNet)
+    "gated additive": dict(mixer="delta", delta_erase=False, delta_gate=True),  # S ← α S + β v kᵀ: decay, no erase
 }
 
 
 def config(arm: str, **kw) -> MixerConfig:
+    """The arm's MixerConfig; kw overrides any field (e.g. d_model=32 for a wider state)."""
     base = dict(vocab_size=mqar_vocab(KEYS, VALUES, fused=True), d_model=WIDTH, n_heads=1, d_ff=2 * WIDTH,
                 n_layers=1, max_len=max(PAIRS) + QUERIES, positions="none", norm_position="pre",
                 dropout_emb=0.0, dropout_residual=0.0, tie_embeddings="none", scale_embeddings=False,
                 attn_impl="explicit")
     return MixerConfig(**{**base, **ARMS[arm], **kw})
+
+
+@torch.no_grad()
+def written_beta(model: torch.nn.Module, x: torch.Tensor, writes: int) -> float | None:
+    """Mean learned writing strength β = σ(w_β x) of the DeltaRule layers over the first `writes` positions of x
+    (the pair tokens), in eval mode; None for a model without a DeltaRule layer."""
+    seen = []
+    hooks = [m.w_beta.register_forward_hook(lambda _m, _i, out: seen.append(torch.sigmoid(out[:, :writes])))
+             for m in model.modules() if isinstance(m, DeltaRule)]
+    model.eval()
+    model(x)
+    for h in hooks:
+        h.remove()
+    return torch.cat([b.flatten() for b in seen]).mean().item() if seen else None
 
 
 # --8<-- [start:curve]
@@ -68,10 +88,10 @@ def mixture_batches(seed: int, batch: int = BATCH):
     return get
 
 
-def recall_curve(arm: str, seed: int, steps: int = STEPS, lr: float = LR) -> dict:
+def recall_curve(arm: str, seed: int, steps: int = STEPS, lr: float = LR, **overrides) -> dict:
     """Train one arm on the mixture; recall at each pair count on held-out batches (the same for every arm)."""
     torch.manual_seed(seed)
-    model = mixer_lm(config(arm))
+    model = mixer_lm(config(arm, **overrides))
     t0 = time.perf_counter()
     log = train(model, mixture_batches(seed), steps, lr=lr)
     seconds = time.perf_counter() - t0
@@ -79,7 +99,7 @@ def recall_curve(arm: str, seed: int, steps: int = STEPS, lr: float = LR) -> dic
     for n in PAIRS:
         x, y = mqar(torch.Generator().manual_seed(seed + 10_000 + n), TEST_BATCH, n, QUERIES, KEYS, VALUES, fused=True)
         curve[n] = recall(model, x, y)
-    return {"recall": curve, "loss": log.final(), "seconds": seconds,
+    return {"recall": curve, "loss": log.final(), "seconds": seconds, "beta": written_beta(model, x, max(PAIRS)),
             "params": sum(p.numel() for p in model.parameters())}
 # --8<-- [end:curve]
 
@@ -122,7 +142,8 @@ def rewrite_recall(arm: str, seed: int, steps: int = STEPS, lr: float = LR) -> d
     log = train(model, batches, steps, lr=lr)
     seconds = time.perf_counter() - t0
     x, y = rewrite_batch(torch.Generator().manual_seed(seed + 10_000), TEST_BATCH)
-    return {"recall": recall(model, x, y), "loss": log.final(), "seconds": seconds}
+    return {"recall": recall(model, x, y), "loss": log.final(), "seconds": seconds,
+            "beta": written_beta(model, x, 2 * REWRITE_PAIRS)}
 # --8<-- [end:rewrite]
 
 
@@ -131,9 +152,9 @@ if __name__ == "__main__":
 
     torch.set_num_threads(1)
     for s in [int(a) for a in sys.argv[1].split(",")] if len(sys.argv) > 1 else [100]:
-        for arm in ARMS:
+        for arm in ("softmax", "linear", "additive", "delta"):
             r = recall_curve(arm, s)
             print(s, arm, {n: round(v, 3) for n, v in r["recall"].items()}, f"{r['seconds']:.1f} s", flush=True)
-        for arm in ("additive", "delta"):
+        for arm in ("additive", "delta", "gated additive"):
             r = rewrite_recall(arm, s)
             print(s, arm, "rewrites", round(r["recall"], 3), f"{r['seconds']:.1f} s", flush=True)
