@@ -12,13 +12,16 @@ answered exactly on a held-out batch at each count. Zoology (Arora et al. 2023, 
 key-value pairs against the model's dimension; its format has two tokens a pair, ours one (proofs/mqar.py, fused),
 so that one layer can retrieve.
 
-rewrite_batch is the same task with every key written twice, each time with a different value, and the query
-asking for the value written last: what the delta rule's erase term is for (an additive state returns the sum of
-both values). It trains on REWRITE_PAIRS keys, well inside the state, so that it tests overwriting, not capacity.
-No arm has positions, so an arm that cannot tell which write came last can at best guess between the two values
-(1/2). The arm "gated additive" adds Gated DeltaNet's decay α_t without the erase term: a decay could also favour
-the latest write, by shrinking the older one. written_beta reads the learned writing strength β of a DeltaRule
-layer, since the erase term's effect grows with β (at β → 0 the delta rule and the additive state coincide).
+rewrite_batch is the same task with some keys written twice: REWRITE_PAIRS distinct pairs, then REWRITTEN of their
+keys again with a different value; queries ask for any of the keys, and the answer is the value written last. An
+additive state holds the sum of both values under a rewritten key; the delta rule can replace the first; a decay
+gate (Gated DeltaNet's α_t, the arm "gated additive") can make the later write the larger one, but decays the pairs
+that were not rewritten too. Recall is scored on rewritten and on kept keys separately. It trains well inside the
+state, so that it tests overwriting, not capacity. No arm has positions, so an arm that cannot tell which write
+came last can at best guess between the two values of a rewritten key (1/2). The gated arm's decay starts near 1
+(GATE_BIAS): at σ(0) = 1/2 it would halve the state every token from the first step, a handicap (a first version
+started there and its recall spread from chance to near the delta arm's over seeds). written_beta reads the learned
+writing strength β of a DeltaRule layer, since the erase term's effect grows with β.
 
 The recipe (searched on one CPU thread, seeds 100-101, 2026-11-27): 32 keys, 4 values (128 pair tokens), 16 queries,
 WIDTH 16, pairs 2…32, Adam lr 1e-2, batch 64, 200 steps: about 2 s per arm on one thread. At 300 steps and lr 3e-3
@@ -40,7 +43,8 @@ from .transformer.mixers import DeltaRule, MixerConfig, mixer_lm
 KEYS, VALUES, QUERIES = 32, 4, 16  # keys to draw pairs from, values, queries per sequence
 WIDTH = 16  # d_model = d_head (one head): the recurrent state is WIDTH × WIDTH
 PAIRS = (2, 4, 8, 16, 24, 32)  # pair counts trained on (cycled, one per step) and measured
-REWRITE_PAIRS = 8  # rewrite task: keys written twice each (2·8 pair tokens, then the queries)
+REWRITE_PAIRS, REWRITTEN = 8, 4  # rewrite task: 8 distinct pairs, then 4 of their keys written again
+GATE_BIAS = 3.0  # the decay gate's initial bias: α = σ(3) ≈ 0.95 at the start (σ(0) = 1/2 would halve the state)
 STEPS, LR, BATCH, TEST_BATCH = 200, 1e-2, 64, 256
 ARMS = {  # arm -> the MixerConfig switches that make it; everything else is the same
     "softmax": dict(mixer="softmax"),
@@ -58,6 +62,15 @@ def config(arm: str, **kw) -> MixerConfig:
                 dropout_emb=0.0, dropout_residual=0.0, tie_embeddings="none", scale_embeddings=False,
                 attn_impl="explicit")
     return MixerConfig(**{**base, **ARMS[arm], **kw})
+
+
+def build(arm: str, **overrides) -> torch.nn.Module:
+    """mixer_lm for one arm; a decay gate, where the arm has one, starts near 1 (GATE_BIAS)."""
+    model = mixer_lm(config(arm, **overrides))
+    for m in model.modules():
+        if isinstance(m, DeltaRule) and m.w_alpha is not None:
+            torch.nn.init.constant_(m.w_alpha.bias, GATE_BIAS)
+    return model
 
 
 @torch.no_grad()
@@ -91,7 +104,7 @@ def mixture_batches(seed: int, batch: int = BATCH):
 def recall_curve(arm: str, seed: int, steps: int = STEPS, lr: float = LR, **overrides) -> dict:
     """Train one arm on the mixture; recall at each pair count on held-out batches (the same for every arm)."""
     torch.manual_seed(seed)
-    model = mixer_lm(config(arm, **overrides))
+    model = build(arm, **overrides)
     t0 = time.perf_counter()
     log = train(model, mixture_batches(seed), steps, lr=lr)
     seconds = time.perf_counter() - t0
@@ -105,45 +118,51 @@ def recall_curve(arm: str, seed: int, steps: int = STEPS, lr: float = LR, **over
 
 
 # --8<-- [start:rewrite]
-def rewrite_batch(g: torch.Generator, batch: int, n_pairs: int = REWRITE_PAIRS) -> tuple:
-    """Fused MQAR where every key is written twice: n_pairs distinct pairs, then the same keys again in a shuffled
-    order, each with a DIFFERENT value; queries ask for keys, and the answer is the value written LAST.
+def rewrite_batch(g: torch.Generator, batch: int) -> tuple:
+    """Fused MQAR with rewrites: REWRITE_PAIRS distinct pairs, then REWRITTEN of their keys again (shuffled), each
+    with a DIFFERENT value; queries ask for any of the keys, the answer is the value written LAST.
 
-        x:  p(k_1,v_1) … p(k_n,v_n)  p(k_π1,v'_π1) … p(k_πn,v'_πn)  q_1 … q_m        (B, 2n + m)
+        x:  p(k_1,v_1) … p(k_n,v_n)  p(k_π1,v'_π1) … p(k_πr,v'_πr)  q_1 … q_m        (B, n + r + m)
 
-    An additive state holds v + v' under each key; the delta rule can replace v by v'."""
-    x, _ = mqar(g, batch, n_pairs, QUERIES, KEYS, VALUES, fused=True)
-    first = x[:, :n_pairs]  # (B, n) pair tokens 1 + KEYS + (key − 1)·VALUES + value
+    Returns x, y and `rewritten` (B, m): whether each query asks for a rewritten key."""
+    n, r = REWRITE_PAIRS, REWRITTEN
+    x, _ = mqar(g, batch, n, QUERIES, KEYS, VALUES, fused=True)
+    first = x[:, :n]  # (B, n) pair tokens 1 + KEYS + (key − 1)·VALUES + value
     key, value = (first - 1 - KEYS) // VALUES + 1, (first - 1 - KEYS) % VALUES  # (B, n) each, value in [0, VALUES)
-    order = torch.rand(batch, n_pairs, generator=g).argsort(dim=1)  # (B, n) the rewrite order
-    key2, old = key.gather(1, order), value.gather(1, order)  # (B, n)
-    new = (old + torch.randint(1, VALUES, (batch, n_pairs), generator=g)) % VALUES  # (B, n) never the old value
-    second = 1 + KEYS + (key2 - 1) * VALUES + new  # (B, n)
-    which = torch.randint(0, n_pairs, (batch, QUERIES), generator=g)  # (B, m) which rewritten key each query asks
-    queries = key2.gather(1, which)  # (B, m)
-    x = torch.cat([first, second, queries], dim=1)  # (B, 2n + m)
+    which_pairs = torch.rand(batch, n, generator=g).argsort(dim=1)[:, :r]  # (B, r) the pairs rewritten, in order
+    new = (value.gather(1, which_pairs) + torch.randint(1, VALUES, (batch, r), generator=g)) % VALUES  # (B, r) ≠ old
+    second = 1 + KEYS + (key.gather(1, which_pairs) - 1) * VALUES + new  # (B, r)
+    latest = value.scatter(1, which_pairs, new)  # (B, n) the value each key holds last
+    asked = torch.randint(0, n, (batch, QUERIES), generator=g)  # (B, m) which pair each query asks for
+    rewritten = torch.zeros(batch, n, dtype=torch.bool).scatter(1, which_pairs, True).gather(1, asked)  # (B, m)
+    x = torch.cat([first, second, key.gather(1, asked)], dim=1)  # (B, n + r + m)
     y = torch.full_like(x, IGNORE)
-    y[:, 2 * n_pairs:] = new.gather(1, which) + 1 + KEYS + KEYS * VALUES  # answer ids after the pair tokens
-    return x, y
+    y[:, n + r:] = latest.gather(1, asked) + 1 + KEYS + KEYS * VALUES  # answer ids after the pair tokens
+    return x, y, rewritten
 
 
 def rewrite_recall(arm: str, seed: int, steps: int = STEPS, lr: float = LR) -> dict:
-    """Train one arm on rewrite_batch; recall of the latest value on a held-out batch."""
+    """Train one arm on rewrite_batch; recall of the latest value on a held-out batch: over all queries, over
+    queries for rewritten keys, and over queries for keys written once."""
     torch.manual_seed(seed)
-    model = mixer_lm(config(arm))
+    model = build(arm)
     g, cache = torch.Generator().manual_seed(seed), []
 
     def batches(step: int):
         while len(cache) <= step:
-            cache.append(rewrite_batch(g, BATCH))
+            cache.append(rewrite_batch(g, BATCH)[:2])
         return cache[step]
 
     t0 = time.perf_counter()
     log = train(model, batches, steps, lr=lr)
     seconds = time.perf_counter() - t0
-    x, y = rewrite_batch(torch.Generator().manual_seed(seed + 10_000), TEST_BATCH)
-    return {"recall": recall(model, x, y), "loss": log.final(), "seconds": seconds,
-            "beta": written_beta(model, x, 2 * REWRITE_PAIRS)}
+    x, y, rewritten = rewrite_batch(torch.Generator().manual_seed(seed + 10_000), TEST_BATCH)
+    model.eval()
+    with torch.no_grad():
+        right = model(x)[:, -QUERIES:].argmax(-1) == y[:, -QUERIES:]  # (B, m)
+    return {"recall": right.float().mean().item(), "rewritten": right[rewritten].float().mean().item(),
+            "kept": right[~rewritten].float().mean().item(), "loss": log.final(), "seconds": seconds,
+            "beta": written_beta(model, x, REWRITE_PAIRS + REWRITTEN)}
 # --8<-- [end:rewrite]
 
 
@@ -157,4 +176,5 @@ if __name__ == "__main__":
             print(s, arm, {n: round(v, 3) for n, v in r["recall"].items()}, f"{r['seconds']:.1f} s", flush=True)
         for arm in ("additive", "delta", "gated additive"):
             r = rewrite_recall(arm, s)
-            print(s, arm, "rewrites", round(r["recall"], 3), f"{r['seconds']:.1f} s", flush=True)
+            print(s, arm, "rewrites", {k: round(r[k], 3) for k in ("recall", "rewritten", "kept")},
+                  f"{r['seconds']:.1f} s", flush=True)
