@@ -36,6 +36,12 @@ def test_every_page_renders_cleanly(page, server, site, shard):
     """Crawl every built page (this shard: every CRAWL_SHARDS-th of them, in sorted order): math rendered, evidence
     present on question pages, no empty value (the page fixture fails the test on any console error or request off
     127.0.0.1)."""
+    # Every page's search worker would fetch and index the whole site's search_index.json (megabytes, about a third
+    # of the crawl's CPU); the crawl checks rendering, so it gets an empty index. Search itself is tested on the
+    # real index (test_site.py: test_search_finds_the_layernorm_page).
+    config = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))["config"]
+    empty = json.dumps({"config": config, "docs": []})  # the site's own search settings, no documents
+    page.route("**/search/search_index.json", lambda r: r.fulfill(status=200, content_type="application/json", body=empty))
     questions = {p.removesuffix(".md") + "/" for p in question_pages()}
     urls = sorted(p.parent.relative_to(site).as_posix() + "/" for p in site.rglob("index.html"))
     urls = ["" if u == "./" else u for u in urls]
