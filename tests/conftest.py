@@ -20,7 +20,6 @@ from tests.pages import ROOT
 
 CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
 SCREENSHOTS = ROOT / "build" / "screenshots"  # written by the browser tests, never committed
-PDF = ROOT / "build" / "pdf" / "cheat-sheet.pdf"
 
 
 def evidence_not_ready() -> str:
@@ -55,20 +54,19 @@ def evidence_ready() -> None:
 
 
 def _build_site(out: Path) -> None:
-    """The strict build into `out` (after printing the cheat sheet, if `make pdf` has not, so the build links it)."""
-    if not PDF.exists():
-        r = subprocess.run([sys.executable, "docs/hooks/print_pdf.py"], cwd=ROOT, capture_output=True, text=True)
-        assert r.returncode == 0, f"printing the cheat sheet failed:\n{r.stdout}\n{r.stderr}"
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, env=env)
-    assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout}\n{r.stderr}"
+    """The strict build into `out`, its cheat sheet printed to the PDF that it links (build/pdf/cheat-sheet.pdf, copied
+    into the build): `docs/hooks/print_pdf.py --site`, so that printing and the tests share one build. A subprocess:
+    Playwright's sync API cannot start inside a test that already holds the browser fixture."""
+    r = subprocess.run([sys.executable, "docs/hooks/print_pdf.py", "--site", str(out)], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, f"the strict build or printing its cheat sheet failed:\n{r.stdout}\n{r.stderr}"
 
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory, evidence_ready) -> Path:
     """One strict build per test run. Under pytest-xdist the workers share it: the first to ask builds (the others
     wait on a lock, then read it), where each worker used to build its own copy (a full build is about 25 s of CPU).
+    The build prints the cheat sheet's PDF and holds it (make test has no separate printing step).
     TEST_SITE_DIR=<a built site> reuses a build instead, to iterate on one browser test."""
     if os.environ.get("TEST_SITE_DIR"):
         return Path(os.environ["TEST_SITE_DIR"])
@@ -94,16 +92,42 @@ def site(tmp_path_factory, evidence_ready) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def server(site):
+def serve(site: Path, replace: dict[str, bytes] | None = None):
+    """Serve `site` on 127.0.0.1 for a fixture: yields the base URL, shuts down after; `replace` answers the given paths
+    (e.g. "/search/search_index.json") with other bytes."""
+    replace = replace or {}
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
 
+        def do_GET(self):
+            body = replace.get(urlparse(self.path).path)
+            if body is None:
+                return super().do_GET()
+            self.send_response(200)
+            self.send_header("Content-Type", self.guess_type(self.path))
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+@pytest.fixture(scope="session")
+def server(site):
+    yield from serve(site)
+
+
+# Nothing may leave the machine: every host name but 127.0.0.1 fails to resolve inside the browser. This replaces a
+# Playwright route on every request, which sent each request through Python and (as any route does) turned off the
+# browser's HTTP cache, so every page load fetched and compiled the site's scripts again.
+OFFLINE = "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +140,7 @@ def browser():
         b = p.chromium.launch(
             executable_path=CHROMIUM,
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run", "--disable-quic"],
+                  "--disable-sync", "--no-first-run", "--disable-quic", OFFLINE],
         )
         yield b
         b.close()
@@ -124,19 +148,14 @@ def browser():
 
 @pytest.fixture
 def page(browser, server):
-    """A page that records console errors and every request, and blocks anything not on 127.0.0.1."""
+    """A page that records console errors and every request; the test fails on either an error or a request to any
+    host but 127.0.0.1 (which the browser cannot reach anyway: OFFLINE)."""
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})  # wide: the search box is in the header
     pg = ctx.new_page()
     pg.errors, pg.requests = [], []
     pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-
-    def route(r):
-        pg.requests.append(r.request.url)
-        host = urlparse(r.request.url).hostname
-        return r.continue_() if host == "127.0.0.1" or r.request.url.startswith("data:") else r.abort()
-
-    ctx.route("**/*", route)
+    ctx.on("request", lambda r: pg.requests.append(r.url))
     yield pg
     ctx.close()
     outside = [u for u in pg.requests if urlparse(u).hostname not in ("127.0.0.1", None)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCREENSHOTS
+from tests.conftest import SCREENSHOTS, serve
 from tests.pages import ROOT, question_pages
 
 KATEX_DONE = ("() => document.querySelectorAll('.arithmatex').length === "
@@ -31,31 +31,43 @@ def _shot(page, name: str) -> None:
 CRAWL_SHARDS = 4  # the crawl is the slowest browser test: in shards, pytest-xdist spreads it over the workers
 
 
+@pytest.fixture(scope="module")
+def crawl_server(site):
+    """The built site, but its search_index.json has the site's own search settings and no documents. Every page's
+    search worker fetches and indexes that file (megabytes, about a third of the crawl's CPU), and the crawl checks
+    rendering; search itself is tested on the real index (test_site.py: test_search_finds_the_layernorm_page)."""
+    config = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))["config"]
+    yield from serve(site, {"/search/search_index.json": json.dumps({"config": config, "docs": []}).encode()})
+
+
+# What the crawl reads from each page, in one call: KaTeX errors, evidence cards, measured values, run boxes.
+PAGE_FACTS = """() => ({
+  katex_errors: document.querySelectorAll('.katex-error').length,
+  evidence: document.querySelectorAll('.evidence').length,
+  values: [...document.querySelectorAll('.evidence td.num, span.value')].map(e => e.textContent.trim()),
+  run_boxes: [...document.querySelectorAll('.admonition-title')].filter(e => e.textContent.includes('Run it yourself')).length,
+})"""
+
+
 @pytest.mark.parametrize("shard", range(CRAWL_SHARDS))
-def test_every_page_renders_cleanly(page, server, site, shard):
+def test_every_page_renders_cleanly(page, crawl_server, site, shard):
     """Crawl every built page (this shard: every CRAWL_SHARDS-th of them, in sorted order): math rendered, evidence
     present on question pages, no empty value (the page fixture fails the test on any console error or request off
     127.0.0.1)."""
-    # Every page's search worker would fetch and index the whole site's search_index.json (megabytes, about a third
-    # of the crawl's CPU); the crawl checks rendering, so it gets an empty index. Search itself is tested on the
-    # real index (test_site.py: test_search_finds_the_layernorm_page).
-    config = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))["config"]
-    empty = json.dumps({"config": config, "docs": []})  # the site's own search settings, no documents
-    page.route("**/search/search_index.json", lambda r: r.fulfill(status=200, content_type="application/json", body=empty))
     questions = {p.removesuffix(".md") + "/" for p in question_pages()}
     urls = sorted(p.parent.relative_to(site).as_posix() + "/" for p in site.rglob("index.html"))
     urls = ["" if u == "./" else u for u in urls]
     assert len(urls) > len(questions)
     for u in urls[shard::CRAWL_SHARDS]:
-        page.goto(f"{server}/{u}")
+        page.goto(f"{crawl_server}/{u}")
         page.wait_for_function(KATEX_DONE, timeout=15_000)
-        assert page.locator(".katex-error").count() == 0, f"/{u}: KaTeX could not parse some math"
+        facts = page.evaluate(PAGE_FACTS)
+        assert facts["katex_errors"] == 0, f"/{u}: KaTeX could not parse some math"
         if u in questions:
-            assert page.locator(".evidence").count() >= 1, f"/{u}: no evidence card"
+            assert facts["evidence"] >= 1, f"/{u}: no evidence card"
             # textContent, not innerText: a value inside a closed follow-up is not rendered and has no innerText
-            values = page.eval_on_selector_all(".evidence td.num, span.value", "els => els.map(e => e.textContent.trim())")
-            assert values and all(values), f"/{u}: an empty measured value"
-            assert page.locator(".admonition-title:has-text('Run it yourself')").count() == 1, f"/{u}: no run box"
+            assert facts["values"] and all(facts["values"]), f"/{u}: an empty measured value"
+            assert facts["run_boxes"] == 1, f"/{u}: no run box"
 
 
 def test_home_and_question_pages_screenshots(page, server):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import os
 import posixpath
 import re
 import sys
@@ -44,6 +45,7 @@ from proofs import evidence as E  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale_box  # noqa: E402  (docs/hooks/scale_box.py: the "At scale" boxes, from bench/at_scale/)
 import study  # noqa: E402  (docs/hooks/study.py: the study material, built from the same pages)
+from print_pdf import PDF_PENDING  # noqa: E402  (set while print_pdf builds the site it prints and then completes)
 
 log = logging.getLogger("mkdocs.hooks.evidence")
 KATEX_DIST = ROOT / "build" / "npm" / "node_modules" / "katex" / "dist"
@@ -126,7 +128,9 @@ def on_files(files: Files, config) -> Files:
     study.anki_deck(_questions, plain, apkg, config.get("site_url"))
     files.append(File.generated(config, "study/transformer-proofs.apkg", abs_src_path=str(apkg)))
     _built["anki"] = "study/transformer-proofs.apkg"
-    if PDF.exists():
+    if os.environ.get(PDF_PENDING):
+        _built["pdf"] = "study/cheat-sheet.pdf"  # print_pdf writes the file into the built site after printing it
+    elif PDF.exists():
         files.append(File.generated(config, "study/cheat-sheet.pdf", abs_src_path=str(PDF)))
         _built["pdf"] = "study/cheat-sheet.pdf"
     return files
