@@ -9,12 +9,13 @@ the first `warmup` steps.
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
 
 from proofs.tasks import lookup_task
-from proofs.train import accuracy, fixed_batches, noam_schedule, train
+from proofs.train import TrainLog, accuracy, fixed_batches, noam_schedule, train
 from proofs.transformer import EncoderTagger, TransformerConfig
 
 V = 16  # vocabulary: token 0 is padding, 1..15 are real tokens
@@ -33,14 +34,39 @@ def schedule(warmup: int, ramp: bool, d_model: int = 32):
 
 
 def warmup_run(seed: int, ramp: bool, peak_lr: float = 2e-2, warmup: int = 20, steps: int = 80,
-               n_layers: int = 4, **switches) -> dict:
+               n_layers: int = 4, snapshots: tuple[int, ...] = (), **switches) -> dict:
+    """snapshots (step counts below `steps`): result["at"][k] is what this call with steps=k returns, read from
+    this run, whose first k steps are that run (the schedule is a function of the step, not of the run's length)."""
     torch.manual_seed(seed)
     model = EncoderTagger(tiny(n_layers, **switches))
     batches = fixed_batches(lookup_task, 1000 + seed, batch=16, length=8, vocab=V)
-    log = train(model, batches, steps, lr=peak_lr, schedule=schedule(warmup, ramp))
+    copies: dict[int, EncoderTagger] = {}
+    log = train(model, _copying(batches, model, snapshots, copies), steps, lr=peak_lr, schedule=schedule(warmup, ramp))
     x, y = lookup_task(torch.Generator().manual_seed(10_000 + seed), 256, 8, V)
-    return {"accuracy": accuracy(model, x, y), "final_loss": log.final(), "loss": log.loss, "diverged": log.diverged}
+    out = {"accuracy": accuracy(model, x, y), "final_loss": log.final(), "loss": log.loss, "diverged": log.diverged}
+    if snapshots:
+        out["at"] = {k: _stopped_at(k, copies, log, x, y, out) for k in snapshots}
+    return out
 # --8<-- [end:warmup]
+
+
+def _copying(batches, model: EncoderTagger, snapshots: tuple[int, ...], copies: dict):
+    """batches, plus a copy of the model when step k's batch is asked for: k Adam steps are done by then."""
+    def get(step: int):
+        if step in snapshots:
+            copies[step] = copy.deepcopy(model)
+        return batches(step)
+    return get
+
+
+def _stopped_at(k: int, copies: dict, log: TrainLog, x, y, out: dict) -> dict:
+    """warmup_run's result for a run of k steps. A run that stopped (diverged) before step k never asked for
+    batch k: a run of k steps stopped at the same step, with the same model and losses."""
+    if k not in copies:
+        return {key: value for key, value in out.items() if key != "at"}
+    head = TrainLog(loss=log.loss[:k])
+    return {"accuracy": accuracy(copies[k], x, y), "final_loss": head.final(), "loss": head.loss,
+            "diverged": head.diverged}
 
 
 # --8<-- [start:arms]

@@ -103,11 +103,22 @@ ARMS = {  # the switches of each arm, on top of the Post-LN default
 }
 
 
-@functools.cache
 def deep_run(seed: int, lr: float, n_layers: int = DEEP, steps: int = STEPS, arm: str = "Post-LN") -> dict:
     """The Pre-LN page's lookup experiment without warm-up (peak lr from step 0, then its 1/√step decay); cached:
-    each run trains once per seed and file."""
-    return warmup_run(seed, False, peak_lr=lr, steps=steps, n_layers=n_layers, **ARMS[arm])
+    each run trains once per seed and file. An 80-step run whose 160-step control is run too (8-layer Post-LN at
+    lr 1e-2) is read from that control at step 80 (warmup_run's snapshots: the same steps, the same numbers)."""
+    if steps == STEPS and (lr, n_layers, arm) in BOTH_BUDGETS:
+        return _deep_run(seed, lr, n_layers, CONTROL_STEPS, arm)["at"][STEPS]
+    return _deep_run(seed, lr, n_layers, steps, arm)
+
+
+BOTH_BUDGETS = {(HIGH_LR, DEEP, "Post-LN")}  # (lr, layers, arm) run for 80 steps and, as a control, for 160
+
+
+@functools.cache  # every argument positional (deep_run passes them so): one cache entry per run
+def _deep_run(seed: int, lr: float, n_layers: int, steps: int, arm: str) -> dict:
+    snapshots = (STEPS,) if steps == CONTROL_STEPS and (lr, n_layers, arm) in BOTH_BUDGETS else ()
+    return warmup_run(seed, False, peak_lr=lr, steps=steps, n_layers=n_layers, snapshots=snapshots, **ARMS[arm])
 
 
 @torch.no_grad()
