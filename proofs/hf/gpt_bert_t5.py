@@ -5,6 +5,8 @@ downloaded) and fills every parameter with seeded random values; `<name>_config(
 TransformerConfig with the switches that architecture needs; `<name>_mapping(their_config)` is the written map
 from our parameter names to their state dict, which `copy_strict` applies (a key missing or left over is an error).
 `ours_from(hf, cfg, mapping)` builds our model and copies the weights across.
+`transformers` is imported inside the builders, not at the top: every pytest worker imports this module when it
+collects the proofs, and most never build a Hugging Face model.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the netwo
 from typing import Callable, Mapping
 
 import torch
-import transformers
 from torch import Tensor, nn
 
 from proofs.hf import MappingError, Source, copy_strict
@@ -101,6 +102,7 @@ def linear(ours: str, theirs: str, bias: bool = True) -> Mapping_:
 # ---------------------------------------------------------------- GPT-2
 # --8<-- [start:gpt2]
 def hf_gpt2(seed: int) -> nn.Module:
+    import transformers
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=MAX_LEN, n_embd=D, n_layer=LAYERS, n_head=HEADS,
                                   n_inner=D_FF, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                                   attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
@@ -150,6 +152,7 @@ ROTARY_DIM = 4  # of d_head = 8: half of each head turns, as GPT-J-6B turns 64 o
 
 # --8<-- [start:gptj]
 def hf_gptj(seed: int) -> nn.Module:
+    import transformers
     cfg = transformers.GPTJConfig(vocab_size=VOCAB, n_positions=MAX_LEN, n_embd=D, n_layer=LAYERS, n_head=HEADS,
                                   n_inner=D_FF, rotary_dim=ROTARY_DIM, activation_function="gelu_new",
                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False,
@@ -190,6 +193,7 @@ def gptj_mapping(c) -> Mapping_:
 # ---------------------------------------------------------------- BLOOM
 # --8<-- [start:bloom]
 def hf_bloom(seed: int) -> nn.Module:
+    import transformers
     cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=D, n_layer=LAYERS, n_head=HEADS,
                                    hidden_dropout=0.0, attention_dropout=0.0, bos_token_id=None, eos_token_id=None,
                                    pad_token_id=None)
@@ -238,6 +242,7 @@ def bloom_mapping(c, qkv_blocks: bool = False) -> Mapping_:
 # ---------------------------------------------------------------- BERT
 # --8<-- [start:bert]
 def hf_bert(seed: int) -> nn.Module:
+    import transformers
     cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=LAYERS,
                                   num_attention_heads=HEADS, intermediate_size=D_FF, hidden_act="gelu",
                                   max_position_embeddings=MAX_LEN, type_vocab_size=2, hidden_dropout_prob=0.0,
@@ -290,6 +295,7 @@ T5_BUCKETS, T5_MAX_DISTANCE = 8, 10
 
 # --8<-- [start:t5]
 def hf_t5(seed: int) -> nn.Module:
+    import transformers
     cfg = transformers.T5Config(vocab_size=VOCAB, d_model=D, d_kv=D // HEADS, d_ff=D_FF, num_layers=LAYERS,
                                 num_decoder_layers=LAYERS, num_heads=HEADS, relative_attention_num_buckets=T5_BUCKETS,
                                 relative_attention_max_distance=T5_MAX_DISTANCE, dropout_rate=0.0,

@@ -33,8 +33,6 @@ import torch
 from proofs.hf import copy_strict
 from proofs.hf.llama import mapping, ours_for, ours_from, randomise_
 from proofs.transformer import DecoderLM
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
-                          MixtralForCausalLM)
 
 # %% [markdown]
 # ## 1. Their model, random, and ours with its weights
@@ -53,13 +51,19 @@ TOL = 1e-4  # float32 logits: the largest |ours − theirs| a correct mapping ma
 STD = 0.1  # random weights N(0, STD²)
 SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              head_dim=16, attn_implementation="eager")
-FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-            "mixtral": (MixtralConfig, MixtralForCausalLM)}
+FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
+            "mixtral": ("MixtralConfig", "MixtralForCausalLM")}  # transformers' classes, by name (imported on use)
+
+
+def hf_class(name: str):
+    """transformers.<name>, importing transformers on first use, not when pytest collects this file."""
+    import transformers
+    return getattr(transformers, name)
 
 
 def theirs(family: str, seed: int, **config):
     """A transformers model of `family` from a config object, every parameter redrawn from `seed`."""
-    config_cls, model_cls = FAMILIES[family]
+    config_cls, model_cls = map(hf_class, FAMILIES[family])
     model = model_cls(config_cls(**{**SIZES, **config})).eval()
     randomise_(model, STD, seed)
     return model
@@ -156,7 +160,7 @@ MIXTRAL_8X7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
 
 def meta_counts(config) -> dict:
     """Parameters of theirs and of ours (matching config), both on the meta device; the strict copy at full size."""
-    model_cls = {"llama": LlamaForCausalLM, "mixtral": MixtralForCausalLM}[config.model_type]
+    model_cls = hf_class(FAMILIES[config.model_type][1])
     with torch.device("meta"):
         hf, ours = model_cls(config), DecoderLM(ours_for(config))
     copy_strict(ours, hf.state_dict(), mapping(ours.cfg))  # raises on a key missing, left over or mis-shaped
@@ -168,7 +172,7 @@ def meta_counts(config) -> dict:
 if __name__ == "__main__":
     print(compare(theirs("llama", 0, num_key_value_heads=2), 0))
     print(window_convention(0), router_forms(0), moe_layer_gap(0, 2), moe_layer_gap(0, 1))
-    print(meta_counts(LlamaConfig(**LLAMA_7B)), meta_counts(MixtralConfig(**MIXTRAL_8X7B)))
+    print(meta_counts(hf_class("LlamaConfig")(**LLAMA_7B)), meta_counts(hf_class("MixtralConfig")(**MIXTRAL_8X7B)))
 
 
 # %% [markdown]
@@ -310,7 +314,8 @@ def test_llama_7b_and_mixtral_8x7b_have_as_many_parameters_as_ours(ev, seed):
     """Exact counts of configurations: LLaMA-7B and Mixtral-8x7B from transformers' configs on the meta device have
     6,738,415,616 and 46,702,792,704 parameters, and ours from the matching configs the same; the strict mapping
     copies every key at full size. Would be refuted by any difference or an unmapped key."""
-    llama, mixtral = meta_counts(LlamaConfig(**LLAMA_7B)), meta_counts(MixtralConfig(**MIXTRAL_8X7B))
+    llama = meta_counts(hf_class("LlamaConfig")(**LLAMA_7B))
+    mixtral = meta_counts(hf_class("MixtralConfig")(**MIXTRAL_8X7B))
     ev.record("LLaMA-7B parameters: transformers / ours", [llama["theirs"], llama["ours"]], expect="6,738,415,616 both")
     ev.record("Mixtral-8x7B parameters: transformers / ours", [mixtral["theirs"], mixtral["ours"]],
               expect="46,702,792,704 both")
