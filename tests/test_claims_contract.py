@@ -7,6 +7,7 @@ Run after the proofs (they write evidence/); `make test` does both in order.
 from __future__ import annotations
 
 import ast
+import functools
 
 import pytest
 
@@ -16,7 +17,8 @@ from tests.pages import ROOT, question_pages, registry
 PAGES = question_pages()
 
 
-def marked_claims(proof: str) -> set[tuple[str, str, str]]:
+@functools.cache  # a proof file is read once per session, not once per claim of every page that lists it
+def marked_claims(proof: str) -> frozenset[tuple[str, str, str]]:
     """(test name, claim id, verdict) for every @pytest.mark.claim in a proof file, read from its source."""
     out = set()
     tree = ast.parse((ROOT / proof).read_text(encoding="utf-8"))
@@ -25,7 +27,10 @@ def marked_claims(proof: str) -> set[tuple[str, str, str]]:
             for dec in node.decorator_list:
                 if isinstance(dec, ast.Call) and getattr(dec.func, "attr", "") == "claim":
                     out.add((node.name, dec.args[0].value, dec.args[1].value))
-    return out
+    return frozenset(out)
+
+
+fingerprint = functools.cache(E.fingerprint)  # the code does not change during a test session
 
 
 def test_there_are_question_pages():
@@ -54,7 +59,7 @@ def test_every_verdict_is_backed_by_a_passing_current_proof(page, evidence_ready
         for proof, test in backing:
             doc = E.load(proof, test)
             assert doc is not None, f"no evidence for {proof}::{test}: run the proofs first (`make proofs`)"
-            assert doc["provenance"]["fingerprint"] == E.fingerprint(ROOT / proof), (
+            assert doc["provenance"]["fingerprint"] == fingerprint(ROOT / proof), (
                 f"evidence for {proof}::{test} is stale: rerun the proof")
             ok.append(doc["outcome"] == "passed")
         assert any(ok), f"{page}: {cid} {verdict} is backed only by failing tests {backing}"
