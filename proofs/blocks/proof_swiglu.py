@@ -399,9 +399,11 @@ def test_units_switch_off_at_a_high_learning_rate(ev, seed):
     # 0.061 (min 0.030, 34 units); SiLU 0.030 ± 0.025 (max 0.095; 0 on seed 137 only). GELU's bound 0 is 2.9 SD
     # below its mean, under the 4 SD used elsewhere; what makes it safe is that it fails only if all three GELU models
     # lose no unit, and every one of the 120 GELU models of the sweep lost some (the share of its never-positive units
-    # that are dead: min 0.045), as did each of the 200 models of the earlier five-model sweep (min 0.024). With five
-    # models pooled it was 0.171 ± 0.043 (min 0.076). The share of the never-positive units that are dead, GELU −
-    # SiLU: 0.514 ± 0.111 (min 0.190), 4.6 SD above 0 (five models: 0.520 ± 0.079; one model: 0.52 ± 0.18, min 0.072,
+    # that are dead: min 0.045), as did each of the 200 models of the earlier five-model sweep (min 0.024). From 0 of
+    # 320 models, the 95 % upper bound on one model losing no unit is 3/320, about 1 in 107; all three on one seed,
+    # (1/107)³, about one seed in a million, if the three models are independent (each trains from its own seed).
+    # With five models pooled it was 0.171 ± 0.043 (min 0.076). The share of the never-positive units that are
+    # dead, GELU − SiLU: 0.514 ± 0.111 (min 0.190), 4.6 SD above 0 (five models: 0.520 ± 0.079; one model: 0.52 ± 0.18, min 0.072,
     # 2.9 SD: pooling is what buys the margin). GELU lost more units than SiLU on all 40 seeds, but that difference,
     # 0.146 ± 0.061 (min 0.011), is 2.4 SD from 0, so it is recorded, not asserted. Largest W1-row gradient of a dead
     # unit / median live unit: GELU max 8.5e-7, SiLU max 2.6e-5, 38 times below the bound 1e-3.
