@@ -394,17 +394,17 @@ def test_units_switch_off_at_a_high_learning_rate(ev, seed):
               expect="> 0 (recorded, not asserted)")
     # Over seeds 100-139 (three models per activation at lr 0.1, 1152 units pooled; one model, 384 units, at lr 5e-3):
     # never positive at lr 0.1 ReLU 0.208 ± 0.041 (min 0.143), GELU 0.285 ± 0.061 (min 0.153), SiLU 0.325 ± 0.068
-    # (min 0.145), 5.1 / 4.7 / 4.8 SD above the lr-5e-3 shares, which were 0 on every seed (bound 0.02: one ReLU unit
+    # (min 0.145), 5.0 / 4.7 / 4.8 SD above the lr-5e-3 shares, which were 0 on every seed (bound 0.02: one ReLU unit
     # of 384 on one seed of an earlier sweep). Dead (< 1e-6): ReLU = never positive = slope exactly 0; GELU 0.176 ±
     # 0.061 (min 0.030, 34 units); SiLU 0.030 ± 0.025 (max 0.095; 0 on seed 137 only). GELU's bound 0 is 2.9 SD
     # below its mean, under the 4 SD used elsewhere; what makes it safe is that it fails only if all three GELU models
-    # lose no unit, and every one of the 120 GELU models of the sweep lost some (the share of its never-positive units
-    # that are dead: min 0.045), as did each of the 200 models of the earlier five-model sweep (min 0.024). From 0 of
-    # 320 models, the 95 % upper bound on one model losing no unit is 3/320, about 1 in 107; all three on one seed,
-    # (1/107)³, about one seed in a million, if the three models are independent (each trains from its own seed).
+    # lose no unit, and every one of the 200 GELU models of the earlier five-model sweep (same seeds 100-139; the 120
+    # of this sweep are among them) lost some (the share of its never-positive units that are dead: min 0.024). From
+    # 0 of 200 models, the 95 % upper bound on one model losing no unit is 3/200, about 1 in 67; all three on one
+    # seed, (1/67)³, about one seed in 300,000, if the three models are independent (each trains from its own seed).
     # With five models pooled it was 0.171 ± 0.043 (min 0.076). The share of the never-positive units that are
-    # dead, GELU − SiLU: 0.514 ± 0.111 (min 0.190), 4.6 SD above 0 (five models: 0.520 ± 0.079; one model: 0.52 ± 0.18, min 0.072,
-    # 2.9 SD: pooling is what buys the margin). GELU lost more units than SiLU on all 40 seeds, but that difference,
+    # dead, GELU − SiLU: 0.514 ± 0.111 (min 0.190), 4.6 SD above 0 (five models: 0.520 ± 0.079; one model: 0.52 ±
+    # 0.18, min 0.072, 2.9 SD: pooling is what buys the margin). GELU lost more units than SiLU on all 40 seeds, but that difference,
     # 0.146 ± 0.061 (min 0.011), is 2.4 SD from 0, so it is recorded, not asserted. Largest W1-row gradient of a dead
     # unit / median live unit: GELU max 8.5e-7, SiLU max 2.6e-5, 38 times below the bound 1e-3.
     for a in ("relu", "gelu", "silu"):

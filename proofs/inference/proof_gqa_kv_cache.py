@@ -310,7 +310,7 @@ def test_gqa_2_learns_the_induction_task_at_equal_steps(ev, seed):
     # one run per arm over 20 random seeds: MHA 0.69 ± 0.24 nats (max 1.20), GQA-2 0.83 ± 0.34 (max 1.84), gap
     # 0.14 ± 0.41 (max 1.04). Means of 2 seeds, swept over seeds 100-139 (bench/seeds): MHA 0.69 ± 0.16 (max 1.15),
     # GQA-2 0.74 ± 0.18 (max 1.19), 7.5 and 6.4 sd below 0.7 × chance = 1.90; gap 0.05 ± 0.24 (min -0.64, max
-    # 0.46), bound 1.2 = mean + 4.8 sd. Means of 3 seeds (the earlier set-up) were MHA 0.69 ± 0.14, gap 0.05 ± 0.20.
+    # 0.46), bound 1.2 = mean + 4.8 sd.
     assert r["params"][1] < r["params"][0]
     assert r["mha"] < 0.7 * CHANCE and r["arm"] < 0.7 * CHANCE
     assert r["gap"] < 1.2
