@@ -104,6 +104,38 @@ def _prune_orphan_evidence(items) -> None:
                 f.unlink(missing_ok=True)
 
 
+# Shared set-ups that cache their trained arms (functools.cache) for several proof files. Under pytest-xdist's
+# --dist loadfile each file is a unit of work, so two files on two workers trained the same arm twice; the files that
+# import one of these run as one unit instead (pytest_xdist_make_scheduler), and each arm trains once per run.
+CACHED_SETUPS = ("length_runs.py", "block_lm.py")
+
+
+@lru_cache(maxsize=None)
+def work_unit(file: str) -> str:
+    """The unit of work of a proof file under --dist loadfile: the cached set-up it imports, else the file itself."""
+    path = E.ROOT / file
+    if path.name.startswith("proof_") and path.is_file():
+        for module in E.imported_modules(path):
+            if module.parent == E.ROOT / "proofs" and module.name in CACHED_SETUPS:
+                return f"proofs/{module.name}"
+    return file
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedSetupScheduling(LoadFileScheduling):
+        """--dist loadfile, except that the proof files sharing a cached set-up go to one worker together."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid.split("::", 1)[0])
+
+    return SharedSetupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         _claims_of(item)  # fail early on a bad marker
