@@ -79,3 +79,22 @@ def test_a_fingerprint_covers_what_the_proof_reaches_and_nothing_else(tmp_path, 
         f.write_text(f.read_text() + "# edit\n")
         assert E.fingerprint(proof) != before, changed
         before = E.fingerprint(proof)
+
+
+def test_files_sharing_a_cached_set_up_are_one_unit_of_work():
+    """Under --dist loadfile the proof files that reach a cached set-up (CACHED_SETUPS) run on one worker: the
+    scheduler's quick reading of import lines must agree with the fingerprint's import closure for every proof file,
+    and every other file stays its own unit."""
+    from proofs import evidence as E
+    from proofs.pytest_plugin import CACHED_SETUPS, work_unit
+
+    units = {}
+    for path in sorted((ROOT / "proofs").rglob("proof_*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        reached = [m.name for m in E.imported_modules(path)
+                   if m.parent == ROOT / "proofs" and m.name in CACHED_SETUPS]
+        assert work_unit(rel) == (f"proofs/{reached[0]}" if reached else rel), rel
+        units.setdefault(work_unit(rel), []).append(rel)
+    for setup in CACHED_SETUPS:
+        assert len(units[f"proofs/{setup}"]) >= 2, f"{setup} is shared by fewer than two proof files: drop it"
+    assert work_unit("tests/test_plugin.py") == "tests/test_plugin.py"
