@@ -50,7 +50,7 @@ test:                    ## what CI runs: set-up, proofs first (they write the e
 	@# the packages, KaTeX and Chromium install side by side: each waits on its downloads more than on a core
 	@$(MAKE) --no-print-directory -j 3 --output-sync=target setup chromium
 	$(PY) -m pytest proofs -n $(JOBS) --dist loadfile -q --progress --durations=10
-	$(PY) -m pytest tests -n $(JOBS) -q --durations=10
+	$(PY) -m pytest tests -n $(JOBS) --maxschedchunk 1 -q --durations=10
 
 pdf: setup chromium      ## the cheat sheet as build/pdf/cheat-sheet.pdf (linked from the page by the next build)
 	$(PY) docs/hooks/print_pdf.py

@@ -35,9 +35,11 @@ import math
 import os
 import platform
 import statistics
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import zlib
 from dataclasses import asdict, dataclass, field, replace
@@ -455,10 +457,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = a.out or ((CACHE if p.name == "tiny" else RECORDS) / f"{p.name}.json")
     ident, _ = load_data(p, "cpu")
-    lines = CACHE / f"{p.name}.runs.jsonl"
-    lines.parent.mkdir(parents=True, exist_ok=True)
-    for old in [lines, *lines.parent.glob(f"{lines.name}.*")]:
-        old.unlink(missing_ok=True)
+    # The run queue (finished runs, claim files, timings) belongs to this invocation: two runs at once (two test
+    # workers, or a reader's second terminal) would otherwise take each other's runs and delete each other's files.
+    CACHE.mkdir(parents=True, exist_ok=True)
+    queue = Path(tempfile.mkdtemp(prefix=f"{p.name}-queue-", dir=CACHE))
+    lines = queue / "runs.jsonl"
+    lines.touch()
     t_start, per_step, steps = time.time(), None, a.steps or p.fixed_steps
     print(f"at-scale {p.name} on {device}: {len(todo)} runs ({p.n_layers} layers, d_model {p.d_model}, "
           f"context {p.context}, batch {p.batch}), {p.workers} worker(s), budget {p.budget_s:.0f} s", flush=True)
@@ -501,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, default=float) + "\n")
+    shutil.rmtree(queue, ignore_errors=True)
     print(f"wrote {out} ({len(runs)} runs, {record['wall_seconds']} s)")
     return 0
 

@@ -131,3 +131,23 @@ def test_boxes_render_from_the_record_and_say_when_there_is_none(tmp_path, monke
     assert "No at-scale record yet" in scale_box.render(text, lambda uri: uri)
     with pytest.raises(ValueError, match="known: all, sqrt_dk"):
         scale_box.render("<!-- at-scale: nope -->\n", lambda uri: uri)
+
+
+def test_two_runs_at_once_keep_their_own_queues(tmp_path):
+    """Two runners started together (two test workers, a reader's second terminal) each train and record every run:
+    the run queue is per invocation, not one file per preset that the second run would clear and claim from."""
+    import os
+    import subprocess
+
+    from proofs import at_scale as A
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    outs = [tmp_path / f"run{i}.json" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "proofs.at_scale", "--preset", "tiny", "--steps", "1", "--out",
+                               str(out)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for out in outs]
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+    plan = sorted(A.plan(A.PRESETS["tiny"]))
+    for out in outs:
+        assert sorted((r["arm"], r["seed"]) for r in json.loads(out.read_text())["runs"]) == plan
