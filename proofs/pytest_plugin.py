@@ -273,6 +273,7 @@ class Progress:
         self.expected: dict[str, float] = {}
         self.running: dict[str, float] = {}
         self.done: list[tuple[str, str, float]] = []  # (nodeid, outcome, seconds)
+        self.done_ids: set[str] = set()  # the nodeids in done, for the per-report look-ups
         self.workers = max(1, int(getattr(config.option, "numprocesses", 0) or 1))
         self.start = time.perf_counter()
 
@@ -309,11 +310,12 @@ class Progress:
 
     def pytest_runtest_logreport(self, report):
         finished = report.when == "call" or (report.when == "setup" and not report.passed)
-        if not finished or report.nodeid in {d[0] for d in self.done}:
+        if not finished or report.nodeid in self.done_ids:
             return
         self.running.pop(report.nodeid, None)
         self.done.append((report.nodeid, report.outcome, report.duration))
-        left = [k for k in self.expected if k not in {d[0] for d in self.done}]
+        self.done_ids.add(report.nodeid)
+        left = [k for k in self.expected if k not in self.done_ids]
         eta = sum(self.expected[k] for k in left) / self.workers
         now = [k.split("::")[-1] for k in self.running][:2]
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
