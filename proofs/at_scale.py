@@ -34,8 +34,8 @@ import json
 import math
 import os
 import platform
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import sysconfig
