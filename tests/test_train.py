@@ -1,11 +1,15 @@
-"""The shared training loop's auxiliary terms: z-loss, exactly."""
+"""The shared training loop: its auxiliary terms (z-loss), its Adam (FlatAdam, torch's arithmetic bit for bit), its
+gradient norm and its shared batches, exactly."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
+from proofs.optim import FlatAdam
 from proofs.tasks import markov_entropy, markov_table, markov_task
-from proofs.train import token_loss, train
+from proofs.train import fixed_batches, grad_norm, token_loss, train
 from proofs.transformer import DecoderLM, TransformerConfig
 
 
@@ -64,3 +68,114 @@ def test_the_loop_matches_plain_single_tensor_adam_bit_for_bit():
         opt.step()
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(p, q), f"{name} differs after 30 steps"
+
+
+def _steps(model, opt, x, y, steps: int, drop=lambda step, name: False, clip: float | None = None, sched=None):
+    """A plain loop; drop(step, name) -> True removes that parameter's gradient for the step (as for an expert that
+    no token reached), both optimisers seeing the same."""
+    model.train()
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        token_loss(model(x), y).backward()
+        for name, p in model.named_parameters():
+            if drop(step, name):
+                p.grad = None
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        if sched:
+            sched.step()
+
+
+def _same(a, b) -> None:
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), f"{name} differs"
+
+
+def _lm(seed: int, **switches) -> DecoderLM:
+    torch.manual_seed(seed)
+    base = dict(vocab_size=16, d_model=24, n_heads=3, d_ff=40, n_layers=2, dropout_emb=0.0, dropout_residual=0.0)
+    return DecoderLM(TransformerConfig(**{**base, **switches}))
+
+
+def test_flat_adam_is_torch_foreach_adam_bit_for_bit():
+    """FlatAdam against torch.optim.Adam(foreach=True), 25 steps each: with a schedule and clipping, with frozen
+    weights, with odd tensor sizes (d_model 24, d_ff 40, 3 heads), and with steps where some parameters get no
+    gradient (they keep their own step counts). Equal weights, bit for bit, after every variant."""
+    x, y = markov_task(torch.Generator().manual_seed(5), 8, 12, 16)
+    drop = lambda step, name: ("layers.1" in name and step % 3 == 1) or ("embed" in name and step < 4)
+    for variant in ("plain", "schedule+clip", "frozen", "missing grads"):
+        a, b = _lm(1), _lm(1)
+        if variant == "frozen":
+            for m in (a, b):
+                for name, p in m.named_parameters():
+                    p.requires_grad_("layers.0" not in name)
+        kw = dict(lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+        opt_a, opt_b = FlatAdam(a.parameters(), **kw), torch.optim.Adam(b.parameters(), foreach=True, **kw)
+        sched = {}
+        if variant == "schedule+clip":
+            sched = {m: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 10))
+                     for m, o in ((a, opt_a), (b, opt_b))}
+        for m, o in ((a, opt_a), (b, opt_b)):
+            _steps(m, o, x, y, 25, drop=drop if variant == "missing grads" else (lambda s, n: False),
+                   clip=0.5 if variant == "schedule+clip" else None, sched=sched.get(m))
+        _same(a, b)
+
+
+def test_flat_adam_state_dict_round_trips_with_torch_adam():
+    """The state of FlatAdam reads as torch's (step, exp_avg, exp_avg_sq per parameter) and loads either way: 10
+    steps, save, continue 10 more in a fresh optimiser of the other kind; equal weights bit for bit."""
+    x, y = markov_task(torch.Generator().manual_seed(6), 8, 12, 16)
+    kw = dict(lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    for first, second in ((FlatAdam, torch.optim.Adam), (torch.optim.Adam, FlatAdam)):
+        a, b = _lm(2), _lm(2)
+        opt_a = first(a.parameters(), **kw)
+        _steps(a, opt_a, x, y, 10)
+        b.load_state_dict(a.state_dict())
+        opt_b = second(b.parameters(), **kw)
+        opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))  # torch's load keeps the very tensors it is given
+        assert all(float(s["step"]) == 10 for s in opt_b.state_dict()["state"].values())
+        _steps(a, opt_a, x, y, 10), _steps(b, opt_b, x, y, 10)
+        _same(a, b)
+
+
+def test_flat_adam_refuses_what_it_cannot_lay_flat_and_train_falls_back():
+    """Parameters of two dtypes cannot share one buffer: FlatAdam says so, and train() uses torch's foreach Adam."""
+    x, y = markov_task(torch.Generator().manual_seed(8), 8, 12, 16)
+    a, b = _lm(3), _lm(3)
+    for m in (a, b):
+        m.decoder.layers[0].double()  # one layer in float64, cast back to float32 at its output
+        m.decoder.layers[0].register_forward_pre_hook(lambda mod, args: (args[0].double(), *args[1:]))
+        m.decoder.layers[0].register_forward_hook(lambda mod, args, out: out.float())
+    assert not FlatAdam.supports(list(a.parameters()))
+    try:
+        FlatAdam(a.parameters())
+    except ValueError as e:
+        assert "torch.optim.Adam" in str(e)
+    else:
+        raise AssertionError("FlatAdam took parameters of two dtypes")
+    train(a, lambda step: (x, y), 5, lr=3e-3)
+    _steps(b, torch.optim.Adam(b.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9, foreach=True), x, y, 5)
+    _same(a, b)
+
+
+def test_grad_norm_is_clip_grad_norm_without_the_multiply():
+    x, y = markov_task(torch.Generator().manual_seed(7), 8, 12, 16)
+    m = _lm(4)
+    token_loss(m(x), y).backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    norm = grad_norm(list(m.parameters()))
+    assert torch.equal(norm, torch.nn.utils.clip_grad_norm_(m.parameters(), float("inf")))
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, m.parameters()))
+
+
+def test_fixed_batches_share_draws_and_copies():
+    """Two calls with the same arguments read the same draws (those of one generator seeded with the seed), and an
+    arm that edits its batch in place changes nothing for the next reader."""
+    one, two = fixed_batches(markov_task, 123, 4, 8, 16), fixed_batches(markov_task, 123, 4, 8, 16)
+    g = torch.Generator().manual_seed(123)
+    fresh = [markov_task(g, 4, 8, 16) for _ in range(3)]
+    x, _ = one(2)
+    x.zero_()
+    for step in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(two(step), fresh[step]))

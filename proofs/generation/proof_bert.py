@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from proofs.optim import FlatAdam
 from proofs.tasks import random_tokens
 from proofs.train import fixed_batches
 from proofs.transformer import DecoderLM, EncoderTagger, TransformerConfig
@@ -122,7 +123,7 @@ def mlm_arm(seed: int, split: tuple[float, float, float], steps: int = 100) -> d
     with torch.no_grad():
         at_init = (model.eval()(clean).argmax(-1) == clean).float().mean().item()
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = FlatAdam(model.parameters(), lr=3e-3)  # torch's Adam, on one flat buffer
     get = mlm_batches(seed, split)
     for step in range(steps):
         x, y = get(step)

@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from proofs.optim import FlatAdam
 from proofs.post_training.objectives import distillation_loss
 from proofs.tasks import markov_table, markov_task
 from proofs.transformer import DecoderLM, TransformerConfig
@@ -220,7 +221,7 @@ def student_run(seed: int, arm: str) -> dict:
     data = transfer_set(seed)
     torch.manual_seed(seed)
     model = DecoderLM(STUDENT)
-    opt = torch.optim.Adam(model.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-9, foreach=True)  # train.py's Adam
+    opt = FlatAdam(model.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-9)  # train.py's Adam
     curve = []
     for step in range(STEPS + 1):
         if step % 5 == 0:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from proofs.optim import FlatAdam
 from proofs.transformer import DecoderLM, XLAttention, record_attention, sinusoidal_table
 from proofs.xl_setup import BASE, V, gradient_reach, influence, lm, predicted_reach, run_segments
 
@@ -151,7 +152,7 @@ def lag_copy(seed: int, steps: int = STEPS, **switches) -> dict:
     """Train a 1-layer LM on the stream; accuracy where the target is in the memory / in the segment."""
     torch.manual_seed(seed)
     model = DecoderLM(BASE.replace(n_layers=1, mem_len=SEG, **switches)).train()
-    opt = torch.optim.Adam(model.parameters(), lr=LR, betas=(0.9, 0.98))
+    opt = FlatAdam(model.parameters(), lr=LR, betas=(0.9, 0.98))  # torch's Adam, on one flat buffer
     for logits, target in lag_stream(model, torch.Generator().manual_seed(1000 + seed), 32, steps):  # same data, both arms
         loss = F.cross_entropy(logits.reshape(-1, V), target.reshape(-1))
         opt.zero_grad(set_to_none=True)

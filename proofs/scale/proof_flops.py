@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from proofs.optim import FlatAdam
 from proofs.train import token_loss
 from proofs.transformer import DecoderLM, TransformerConfig
 
@@ -200,7 +201,7 @@ def excess_loss(d: int, beta: float, seed: int) -> tuple[int, float]:
     torch.manual_seed(seed)
     model = DecoderLM(TransformerConfig(vocab_size=V_TOY, d_model=d, n_heads=1 if d < 8 else 2, d_ff=4 * d,
                                         n_layers=1, dropout_emb=0.0, dropout_residual=0.0, tie_embeddings="none"))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.98))
+    opt = FlatAdam(model.parameters(), lr=1e-2, betas=(0.9, 0.98))  # torch's Adam, on one flat buffer
     g = torch.Generator().manual_seed(seed)
     for _ in range(STEPS):  # the same number of tokens for every width
         x = torch.randint(0, V_TOY, (TOY_BATCH, TOY_LEN), generator=g)

@@ -244,7 +244,7 @@ def _train(rank: int, world: int, seed: int, stage: str, rs: str, data: list[tup
             first_grad = reduced.numpy().tobytes()
         del reduced
     # After the last step: parameters, gradients, moments, whatever is left. gloo's worker threads drop a finished
-    # collective's tensors a moment after it completes, so we look three times, a few barriers apart, and keep
+    # collective's tensors a moment after it completes, so we look several times, a few barriers apart, and keep
     # the smallest: a buffer still alive at every look is state; one that vanished was transient. (Once in 40
     # seeds, with one look, a stray full-size buffer showed on one rank; its holder was not identified. With three
     # quick looks it still showed once in 8 random seeds on a machine loaded ~5x over its cores: so six looks,
@@ -527,7 +527,7 @@ def paper_bytes(psi: float, n: int, stage: str, k: float = 12, bp: float = 2, bg
 def test_zero_memory_per_rank_matches_the_formula(ev, seed):
     """Bytes of every tensor storage alive in each rank's process after the last step (`live_bytes`: all tensors
     the garbage collector reaches and their .grad, deduplicated by storage, minus what existed before the arm,
-    the token ids and the model's positional-table buffer); the smallest of three looks a few barriers apart (a
+    the token ids and the model's positional-table buffer); the smallest of six looks a few barriers apart (a
     tensor a gloo thread releases a moment late is not state). The template module's parameters are meta tensors,
     so they hold nothing. Asserted: DP > ZeRO-1 > ZeRO-2 > ZeRO-3 on what is alive, each equal to §5's formula with our fp32
     numbers (bp = bg = 4, K = 8: two fp32 moments; no master copy) and P = Ψ padded to a multiple of N. Would be
@@ -547,7 +547,7 @@ def test_zero_memory_per_rank_matches_the_formula(ev, seed):
             ev.record(f"N={world} {stage}: bytes alive per rank", total,
                       expect=f"{paper_bytes(P, world, stage, k=8, bp=4, bg=4):.0f}")
             ev.record(f"N={world} {stage}: storages alive per rank (bytes each)", ranks[0][stage]["live_storages"])
-            ev.record(f"N={world} {stage}: looks (of 3 per rank) that saw more than the smallest",
+            ev.record(f"N={world} {stage}: looks (of 6 per rank) that saw more than the smallest",
                       sum(look > r[stage]["live_bytes"] for r in ranks for look in r[stage]["live_looks"]), key=False)
             assert all(r[stage]["live_bytes"] == total for r in ranks)
             assert total == paper_bytes(P, world, stage, k=8, bp=4, bg=4)
