@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import http.server
+import json
 import os
 import shutil
 import subprocess
@@ -131,6 +132,16 @@ def serve(site: Path, replace: dict[str, bytes] | None = None):
 
 @pytest.fixture(scope="session")
 def server(site):
+    """The built site, but its search_index.json has the site's own search settings and no documents. Every page load
+    makes Material's search worker fetch and index that file (megabytes: about a third of a page load's CPU), and
+    these tests check everything but search; search itself runs on the real index (`search_server`)."""
+    config = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))["config"]
+    yield from serve(site, {"/search/search_index.json": json.dumps({"config": config, "docs": []}).encode()})
+
+
+@pytest.fixture(scope="session")
+def search_server(site):
+    """The built site as it is, with its whole search index."""
     yield from serve(site)
 
 

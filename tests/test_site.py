@@ -122,9 +122,9 @@ def _search(page, term: str) -> list[str]:
     return page.eval_on_selector_all(".md-search-result__link", "els => els.map(e => e.getAttribute('href'))")
 
 
-def test_search_finds_the_layernorm_page(page, server):
+def test_search_finds_the_layernorm_page(page, search_server):
     """In English and in Chinese, on one page load (each load fetches and indexes the whole search index)."""
-    page.goto(f"{server}/")
+    page.goto(f"{search_server}/")
     for term in ["LayerNorm", "层归一化"]:
         hrefs = _search(page, term)
         assert any("layernorm-vs-batchnorm" in h for h in hrefs), f"search for {term!r} returned {hrefs}"

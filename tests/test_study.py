@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCREENSHOTS, serve
+from tests.conftest import SCREENSHOTS
 from tests.pages import ROOT, question_pages
 
 KATEX_DONE = ("() => document.querySelectorAll('.arithmatex').length === "
@@ -31,15 +31,6 @@ def _shot(page, name: str) -> None:
 CRAWL_SHARDS = 4  # the crawl is the slowest browser test: in shards, pytest-xdist spreads it over the workers
 
 
-@pytest.fixture(scope="module")
-def crawl_server(site):
-    """The built site, but its search_index.json has the site's own search settings and no documents. Every page's
-    search worker fetches and indexes that file (megabytes, about a third of the crawl's CPU), and the crawl checks
-    rendering; search itself is tested on the real index (test_site.py: test_search_finds_the_layernorm_page)."""
-    config = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))["config"]
-    yield from serve(site, {"/search/search_index.json": json.dumps({"config": config, "docs": []}).encode()})
-
-
 # What the crawl reads from each page, in one call: KaTeX errors, evidence cards, measured values, run boxes.
 PAGE_FACTS = """() => ({
   katex_errors: document.querySelectorAll('.katex-error').length,
@@ -50,7 +41,7 @@ PAGE_FACTS = """() => ({
 
 
 @pytest.mark.parametrize("shard", range(CRAWL_SHARDS))
-def test_every_page_renders_cleanly(page, crawl_server, site, shard):
+def test_every_page_renders_cleanly(page, server, site, shard):
     """Crawl every built page (this shard: every CRAWL_SHARDS-th of them, in sorted order): math rendered, evidence
     present on question pages, no empty value (the page fixture fails the test on any console error or request off
     127.0.0.1)."""
@@ -59,7 +50,7 @@ def test_every_page_renders_cleanly(page, crawl_server, site, shard):
     urls = ["" if u == "./" else u for u in urls]
     assert len(urls) > len(questions)
     for u in urls[shard::CRAWL_SHARDS]:
-        page.goto(f"{crawl_server}/{u}")
+        page.goto(f"{server}/{u}")
         page.wait_for_function(KATEX_DONE, timeout=15_000)
         facts = page.evaluate(PAGE_FACTS)
         assert facts["katex_errors"] == 0, f"/{u}: KaTeX could not parse some math"
