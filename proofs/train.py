@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -33,12 +34,14 @@ def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> 
 
 
 def grad_norm(params: list[Tensor]) -> Tensor:
-    """The global gradient norm, computed as clip_grad_norm_ computes it (per-tensor norms, then the norm of those),
-    without its multiply by min(1, max_norm / norm): with no clipping that factor is 1 and the multiply a no-op."""
+    """What clip_grad_norm_(params, inf) returns and does, without its multiply by min(1, inf / norm) when that factor
+    is exactly 1: the global norm computed as torch computes it (per-tensor norms, then the norm of those). When the
+    norm is inf or nan the factor is nan and torch's call runs, so the gradients turn nan as they always did."""
     grads = [p.grad for p in params if p.grad is not None]
     if len({(g.dtype, g.device, type(g)) for g in grads}) != 1:  # none, or several kinds: torch's own grouping
         return torch.nn.utils.clip_grad_norm_(params, float("inf"))
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    return norm if math.isfinite(norm.item()) else torch.nn.utils.clip_grad_norm_(params, float("inf"))
 
 
 # --8<-- [start:noam]
@@ -119,23 +122,33 @@ _DRAWN: dict[tuple, tuple[torch.Generator, list]] = {}  # (task, seed, batch, le
 _DRAWN_KEEP = 64  # the most recent streams kept: the arms of one seed follow one another
 
 
-def fixed_batches(task, seed: int, batch: int, length: int, vocab: int) -> Callable[[int], tuple[Tensor, Tensor]]:
+def fixed_batches(task, seed: int, batch: int, length: int, vocab: int,
+                  shared: bool = True) -> Callable[[int], tuple[Tensor, Tensor]]:
     """A fresh seeded batch per step: both arms of an ablation see exactly the same data.
 
-    Step k's batch is the k-th draw of task(g, batch, length, vocab) from a generator seeded with `seed`. The draws
-    are kept per (task, seed, batch, length, vocab) and shared by every call with those arguments (each arm used to
-    draw them again; some tasks are Python loops), and each read is a copy, so no arm sees another's edits.
+    Step k's batch is the k-th draw of task(g, batch, length, vocab) from a generator seeded with `seed`; `task` must
+    depend on nothing else (every task in proofs/ is such a function). The draws are kept per (task, seed, batch,
+    length, vocab) and shared by every call with those arguments (each arm used to draw them again; some tasks are
+    Python loops), and each read is a deep copy, so no arm sees another's edits. shared=False draws afresh (a timing
+    benchmark that must include the drawing).
     """
     key = (task, seed, batch, length, vocab)
-    if key not in _DRAWN:
-        _DRAWN[key] = (torch.Generator().manual_seed(seed), [])
+    if not shared or key not in _DRAWN:
+        stream = (torch.Generator().manual_seed(seed), [])
+        if not shared:
+            return _reader(task, stream, batch, length, vocab)
+        _DRAWN[key] = stream
         while len(_DRAWN) > _DRAWN_KEEP:
             _DRAWN.pop(next(iter(_DRAWN)))
-    g, drawn = _DRAWN[key]
+    return _reader(task, _DRAWN[key], batch, length, vocab)
+
+
+def _reader(task, stream: tuple[torch.Generator, list], batch: int, length: int, vocab: int):
+    g, drawn = stream
 
     def get(step: int):
         while len(drawn) <= step:
             drawn.append(task(g, batch, length, vocab))
-        return tuple(t.clone() if isinstance(t, Tensor) else t for t in drawn[step])
+        return copy.deepcopy(drawn[step])
 
     return get

@@ -159,7 +159,61 @@ def test_flat_adam_refuses_what_it_cannot_lay_flat_and_train_falls_back():
     _same(a, b)
 
 
+def test_flat_adam_refuses_what_it_would_get_wrong():
+    """Each of these would make the flat layout differ from torch's Adam silently; each is an error instead."""
+    x, y = markov_task(torch.Generator().manual_seed(9), 8, 12, 16)
+
+    def fails(setup, match: str) -> None:
+        m = _lm(5)
+        params = list(m.parameters())
+        if setup == "frozen then unfrozen":
+            params[0].requires_grad_(False)
+        opt = FlatAdam(params, lr=1e-3)
+        if setup == "frozen then unfrozen":
+            params[0].requires_grad_(True)
+        elif setup == "data replaced":
+            params[1].data = params[1].data.clone()
+        elif setup == "weight decay":
+            opt.param_groups[0]["weight_decay"] = 0.1
+        elif setup == "second group":
+            try:
+                opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+            except ValueError as e:
+                assert match in str(e)
+                return
+            raise AssertionError("a second group was accepted")
+        token_loss(m(x), y).backward()
+        try:
+            opt.step()
+        except ValueError as e:
+            assert match in str(e), str(e)
+        else:
+            raise AssertionError(f"{setup}: FlatAdam stepped")
+
+    fails("frozen then unfrozen", "frozen")
+    fails("data replaced", ".data was replaced")
+    fails("weight decay", "weight_decay")
+    fails("second group", "lays its parameters out once")
+    assert not FlatAdam.supports([torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))])
+    base = torch.zeros(6)
+    assert not FlatAdam.supports([torch.nn.Parameter(base[:4]), torch.nn.Parameter(base[2:])])  # overlapping views
+    assert FlatAdam.supports([torch.nn.Parameter(base[:3]), torch.nn.Parameter(base[3:])])  # disjoint: fine
+    assert not FlatAdam.supports([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2).double())])
+
+
+def test_flat_adam_state_step_counts_as_torch_does():
+    """state[p]["step"] is a tensor that counts this parameter's updates after every step, as in torch."""
+    x, y = markov_task(torch.Generator().manual_seed(10), 8, 12, 16)
+    m = _lm(6)
+    opt = FlatAdam(m.parameters(), lr=1e-3)
+    _steps(m, opt, x, y, 3, drop=lambda step, name: "layers.1" in name and step == 1)
+    for name, p in m.named_parameters():
+        assert float(opt.state[p]["step"]) == (2 if "layers.1" in name else 3), name
+
+
 def test_grad_norm_is_clip_grad_norm_without_the_multiply():
+    """Finite norm: the value torch returns, gradients untouched (the multiply by 1 is skipped). Infinite norm: torch's
+    call runs, so the gradients turn nan as they always did (a run that overflows stops as before)."""
     x, y = markov_task(torch.Generator().manual_seed(7), 8, 12, 16)
     m = _lm(4)
     token_loss(m(x), y).backward()
@@ -167,11 +221,15 @@ def test_grad_norm_is_clip_grad_norm_without_the_multiply():
     norm = grad_norm(list(m.parameters()))
     assert torch.equal(norm, torch.nn.utils.clip_grad_norm_(m.parameters(), float("inf")))
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, m.parameters()))
+    first = next(m.parameters())
+    first.grad[0, 0] = float("inf")
+    assert grad_norm(list(m.parameters())).item() == float("inf")
+    assert all(p.grad.isnan().all() for p in m.parameters())  # inf / inf = nan times every gradient, as in torch
 
 
 def test_fixed_batches_share_draws_and_copies():
-    """Two calls with the same arguments read the same draws (those of one generator seeded with the seed), and an
-    arm that edits its batch in place changes nothing for the next reader."""
+    """Two calls with the same arguments read the same draws (those of one generator seeded with the seed), an arm
+    that edits its batch in place changes nothing for the next reader, and shared=False draws afresh."""
     one, two = fixed_batches(markov_task, 123, 4, 8, 16), fixed_batches(markov_task, 123, 4, 8, 16)
     g = torch.Generator().manual_seed(123)
     fresh = [markov_task(g, 4, 8, 16) for _ in range(3)]
@@ -179,3 +237,26 @@ def test_fixed_batches_share_draws_and_copies():
     x.zero_()
     for step in range(3):
         assert all(torch.equal(a, b) for a, b in zip(two(step), fresh[step]))
+    calls = []
+
+    def counted(gen, *shape):
+        calls.append(shape)
+        return {"x": markov_task(gen, *shape)[0]}  # another container: it comes back as it was drawn
+
+    solo = fixed_batches(counted, 123, 4, 8, 16, shared=False)
+    assert torch.equal(solo(0)["x"], fresh[0][0]) and len(calls) == 1
+    fixed_batches(counted, 123, 4, 8, 16, shared=False)(0)
+    assert len(calls) == 2
+
+
+def test_a_second_run_lays_the_model_out_again_and_still_matches_torch():
+    """After train() the parameters are disjoint slices of one buffer; a second train() (fine-tuning) builds a new
+    FlatAdam over them, and both runs together equal two runs of torch's foreach Adam, bit for bit."""
+    x, y = markov_task(torch.Generator().manual_seed(11), 8, 12, 16)
+    a, b = _lm(7), _lm(7)
+    train(a, lambda step: (x, y), 5, lr=3e-3)
+    assert FlatAdam.supports(list(a.parameters()))
+    train(a, lambda step: (x, y), 5, lr=1e-3)
+    for lr in (3e-3, 1e-3):
+        _steps(b, torch.optim.Adam(b.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9, foreach=True), x, y, 5)
+    _same(a, b)
