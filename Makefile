@@ -55,8 +55,9 @@ test:                    ## what CI runs: set-up, proofs first (they write the e
 pdf: setup chromium      ## the cheat sheet as build/pdf/cheat-sheet.pdf (linked from the page by the next build)
 	$(PY) docs/hooks/print_pdf.py
 
-bench: setup             ## the shared encoder layer vs torch.nn, and the proof suite's time per file in reference units
+bench: setup             ## the shared encoder layer vs torch.nn, FlatAdam vs torch's Adam, the proof suite per file in reference units
 	$(PY) bench/bench_encoder_layer.py
+	$(PY) bench/bench_optimizer.py
 	$(PY) bench/bench_suite.py --workers $(JOBS)
 
 SEEDS ?= 20
