@@ -155,15 +155,15 @@ def decode_run(seed: int) -> dict:
 
 # %%
 # --8<-- [start:loss]
-@torch.no_grad()
 def heldout_losses(seed: int) -> dict:
-    a = arms(seed)
+    a = arms(seed)  # outside no_grad: the first call trains the arms
     x, y = a["held-out"]
     out = {}
-    for name in ("none", "mtp", "independent"):
-        lm = a[name][0].eval()
-        out[name] = torch.nn.functional.cross_entropy(lm(x).reshape(-1, V), y.reshape(-1)).item()
-    out["floor"] = -markov_table(V)[x, y].log().mean().item()  # the true chain's own cross-entropy on this text
+    with torch.no_grad():
+        for name in ("none", "mtp", "independent"):
+            lm = a[name][0].eval()
+            out[name] = torch.nn.functional.cross_entropy(lm(x).reshape(-1, V), y.reshape(-1)).item()
+        out["floor"] = -markov_table(V)[x, y].log().mean().item()  # the true chain's own cross-entropy on this text
     return out
 # --8<-- [end:loss]
 
