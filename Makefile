@@ -28,11 +28,13 @@ $(VENV)/.installed: pyproject.toml
 $(KATEX):
 	npm install --silent --no-audit --no-fund --prefix build/npm katex@0.16.47
 
-chromium:                ## Debian's chromium for the browser tests and the PDF, with CJK fonts for Chinese text
-	@{ command -v chromium >/dev/null && fc-list 2>/dev/null | grep -qi "noto.*cjk"; } || { \
-	  echo "installing Debian's chromium and fonts-noto-cjk for the browser tests"; \
+chromium:                ## Debian's chromium for the browser tests and the PDF, with CJK fonts for Chinese text and an
+	@# emoji font for the verdict icons (without it ✅ and ❌ print as empty boxes in the PDF and the screenshots)
+	@{ command -v chromium >/dev/null && fc-list 2>/dev/null | grep -qi "noto.*cjk" && \
+	   fc-list 2>/dev/null | grep -qi "color emoji"; } || { \
+	  echo "installing Debian's chromium, fonts-noto-cjk and fonts-noto-color-emoji for the browser tests"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium fonts-noto-cjk >/dev/null; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium fonts-noto-cjk fonts-noto-color-emoji >/dev/null; }
 
 proofs: setup            ## run every proof; writes evidence/ that the site shows
 	$(PY) -m pytest proofs -n $(JOBS) --dist loadfile -q --progress

@@ -139,6 +139,31 @@ def test_home_page_ledger_links_every_settled_claim(page, server):
     assert page.locator("article .verdict--confirmed").count() >= 1
 
 
+def test_verdict_icons_have_a_glyph(page, server):
+    """Each verdict badge's icon draws a glyph in the badge's font stack, not the missing-glyph box: without an emoji
+    font (Debian's fonts-noto-color-emoji, which `make chromium` installs) ✅ and ❌ came out as empty boxes on the
+    pages, in screenshots and in the printed cheat sheet, while ⚖ (in DejaVu Sans) drew. Compared pixel for pixel on a
+    canvas with an unassigned code point, which can only be drawn as that box."""
+    page.goto(f"{server}/study/cheat-sheet/")
+    icons = page.evaluate("""() => {
+      const out = {};
+      for (const b of document.querySelectorAll('.verdict')) out[b.className] = b.textContent.trim().split(' ')[0];
+      return out;
+    }""")
+    assert {f"verdict verdict--{v}" for v in E.VERDICTS} <= set(icons), icons
+    drawn = page.evaluate("""(chars) => {
+      const c = document.createElement('canvas'); c.width = 48; c.height = 48;
+      const x = c.getContext('2d', {willReadFrequently: true});
+      x.font = '32px ' + getComputedStyle(document.querySelector('.verdict')).fontFamily;
+      const draw = ch => { x.clearRect(0, 0, 48, 48); x.fillText(ch, 4, 36);
+                           return Array.from(x.getImageData(0, 0, 48, 48).data).join(','); };
+      const missing = draw('\\u0378');
+      return chars.map(ch => draw(ch) !== missing);
+    }""", list(icons.values()))
+    missing = [i for i, ok in zip(icons.values(), drawn) if not ok]
+    assert not missing, f"no glyph for {missing} in Chromium: make chromium installs Debian's fonts-noto-color-emoji"
+
+
 def test_search_reads_plain_code_and_pages_keep_their_highlighting(site):
     """docs/hooks/search_plain.py hands the search plugin each highlighted block as plain <pre><code> (a third of the
     build's CPU went into parsing pygments' spans) and search_restore.py gives the page its highlighting back. Held
