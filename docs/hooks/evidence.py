@@ -249,7 +249,8 @@ def _claims_table(page, meta: dict) -> str:
         for d in docs:
             ok = d["_status"] == "current"
             mark = "✔" if ok else f"⚠ {d['_status']}"
-            proof_cells.append(f'<a href="#evidence-{d["test"]}"><code>{d["test"]}</code></a> {mark}')
+            name = html.escape(d["test"]).replace("_", "_<wbr>")  # a narrow column wraps the name between its words
+            proof_cells.append(f'<a href="#evidence-{d["test"]}"><code>{name}</code></a> {mark}')
         rows.append(
             f'<tr><td><code>{cid}</code></td><td>{html.escape(_registry[cid]["claim"])}</td>'
             f"<td>{_badge(verdict)}</td><td>{'<br>'.join(proof_cells) or '—'}</td></tr>"
