@@ -6,12 +6,14 @@ terms, the console must stay clean, and no request may leave 127.0.0.1.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import unicodedata
 
 import pytest
 import yaml
@@ -139,29 +141,42 @@ def test_home_page_ledger_links_every_settled_claim(page, server):
     assert page.locator("article .verdict--confirmed").count() >= 1
 
 
-def test_verdict_icons_have_a_glyph(page, server):
-    """Each verdict badge's icon draws a glyph in the badge's font stack, not the missing-glyph box: without an emoji
-    font (Debian's fonts-noto-color-emoji, which `make chromium` installs) ✅ and ❌ came out as empty boxes on the
-    pages, in screenshots and in the printed cheat sheet, while ⚖ (in DejaVu Sans) drew. Compared pixel for pixel on a
-    canvas with an unassigned code point, which can only be drawn as that box."""
-    page.goto(f"{server}/study/cheat-sheet/")
-    icons = page.evaluate("""() => {
-      const out = {};
-      for (const b of document.querySelectorAll('.verdict')) out[b.className] = b.textContent.trim().split(' ')[0];
-      return out;
-    }""")
-    assert {f"verdict verdict--{v}" for v in E.VERDICTS} <= set(icons), icons
-    drawn = page.evaluate("""(chars) => {
-      const c = document.createElement('canvas'); c.width = 48; c.height = 48;
-      const x = c.getContext('2d', {willReadFrequently: true});
-      x.font = '32px ' + getComputedStyle(document.querySelector('.verdict')).fontFamily;
-      const draw = ch => { x.clearRect(0, 0, 48, 48); x.fillText(ch, 4, 36);
-                           return Array.from(x.getImageData(0, 0, 48, 48).data).join(','); };
-      const missing = draw('\\u0378');
-      return chars.map(ch => draw(ch) !== missing);
-    }""", list(icons.values()))
-    missing = [i for i, ok in zip(icons.values(), drawn) if not ok]
-    assert not missing, f"no glyph for {missing} in Chromium: make chromium installs Debian's fonts-noto-color-emoji"
+# Draws each character on a canvas in the article's font stack (Chromium falls back through every installed font, as
+# on the page) and compares the pixels with those of an unassigned code point, which only the missing-glyph box draws.
+DRAWS_AS_MISSING = """(chars) => {
+  const c = document.createElement('canvas'); c.width = 48; c.height = 48;
+  const x = c.getContext('2d', {willReadFrequently: true});
+  x.font = '32px ' + getComputedStyle(document.querySelector('.md-typeset')).fontFamily;
+  const draw = ch => { x.clearRect(0, 0, 48, 48); x.fillText(ch, 4, 36); return x.getImageData(0, 0, 48, 48).data; };
+  const box = draw('\\u0378');
+  return chars.map(ch => { const d = draw(ch); return d.every((v, i) => v === box[i]); });
+}"""
+
+
+def _shown_characters(site) -> dict[str, str]:
+    """Every non-ASCII character a reader sees in the built site's text -> the first page that shows it (scripts,
+    styles and inline SVG left out; combining marks, format and control characters left out: they draw nothing alone)."""
+    seen: dict[str, str] = {}
+    for f in sorted(site.rglob("*.html")):
+        text = re.sub(r"<script.*?</script>|<style.*?</style>|<svg.*?</svg>", " ", f.read_text(encoding="utf-8"), flags=re.S)
+        entities = html.unescape("".join(set(re.findall(r"&#?\w+;", text))))  # characters written as entities
+        for ch in set(re.findall(r"[^\x00-\x7f]", text + entities)):  # tags are ASCII; attributes (titles) are shown
+            if unicodedata.category(ch)[0] not in "MCZ":
+                seen.setdefault(ch, f.relative_to(site).as_posix())
+    return seen
+
+
+def test_every_character_shown_has_a_glyph(page, server, site):
+    """Every character of the built pages draws a glyph in Chromium, not the missing-glyph box. English, Chinese,
+    maths and the verdict icons all appear; without an emoji font (Debian's fonts-noto-color-emoji, which `make
+    chromium` installs) ✅ and ❌ were empty boxes on the pages, in screenshots and in the printed cheat sheet."""
+    shown = _shown_characters(site)
+    assert {"✅", "❌", "⚖", "√", "归"} <= set(shown), "the site no longer shows these: update the test"
+    page.goto(f"{server}/")
+    chars = sorted(shown)
+    missing = [f"{c} (U+{ord(c):04X}, {shown[c]})" for c, box in zip(chars, page.evaluate(DRAWS_AS_MISSING, chars)) if box]
+    assert not missing, (f"{len(missing)} of {len(chars)} characters have no glyph in Chromium: {missing[:20]}; "
+                         f"make chromium installs fonts-noto-cjk and fonts-noto-color-emoji")
 
 
 def test_search_reads_plain_code_and_pages_keep_their_highlighting(site):
