@@ -57,3 +57,18 @@ def test_a_failed_run_or_another_thread_count_is_not_identical(tmp_path):
     (new / PROOF / "test_b.json").write_text(json.dumps(doc))
     ok, why = restamp.verify([(old, new)], min_seeds=1)
     assert not ok and set(why) == {(PROOF, "test_a"), (PROOF, "test_b")}
+
+
+def test_last_place_and_rounding_residue_differences_count_as_equal(tmp_path):
+    """What LAPACK varies from run to run is equal: floats both below 1e-12 in size, or within a few units in the last
+    place; any larger difference, however small in absolute terms, is not."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    pairs = {"test_lapack": ([[4.556755013038322e-16, 0.7393622177429917]], [[4.727428135136247e-16, 0.7393622177429918]]),
+             "test_exact_zero": ([0.0, 3], [4e-16, 3]), "test_small": ([1e-9], [1.000001e-9]),
+             "test_one_side": ([5e-16], [2e-12]), "test_relative": ([0.5], [0.5 + 1e-12]), "test_int": ([3], [4])}
+    for test, (a, b) in pairs.items():
+        _evidence(old, test, 0, "old", a)
+        _evidence(new, test, 0, "new", b)
+    ok, why = restamp.verify([(old, new)], min_seeds=1)
+    assert set(ok) == {(PROOF, "test_lapack"), (PROOF, "test_exact_zero")}
+    assert set(why) == {(PROOF, t) for t in ("test_small", "test_one_side", "test_relative", "test_int")}
