@@ -28,8 +28,8 @@ $(VENV)/.installed: pyproject.toml
 $(KATEX):
 	npm install --silent --no-audit --no-fund --prefix build/npm katex@0.16.47
 
-chromium:                ## Debian's chromium for the browser tests and the PDF, with CJK fonts for Chinese text and an
-	@# emoji font for the verdict icons (without it ✅ and ❌ print as empty boxes in the PDF and the screenshots)
+# Without an emoji font the verdict icons ✅ and ❌ draw as empty boxes in Chromium, its screenshots and the PDF.
+chromium:                ## Debian's chromium for the browser tests and the PDF, with CJK and emoji fonts
 	@{ command -v chromium >/dev/null && fc-list 2>/dev/null | grep -qi "noto.*cjk" && \
 	   fc-list 2>/dev/null | grep -qi "color emoji"; } || { \
 	  echo "installing Debian's chromium, fonts-noto-cjk and fonts-noto-color-emoji for the browser tests"; \

@@ -48,8 +48,8 @@ def _same(old: dict, new: dict) -> str:
         return f"seed/threads {po['seed']}/{po.get('threads')} vs {pn['seed']}/{pn.get('threads')}"
     mo = [(m["name"], m["value"]) for m in old["measurements"]]
     mn = [(m["name"], m["value"]) for m in new["measurements"]]
-    if len(mo) != len(mn) or not all(a[0] == b[0] and _equal(a[1], b[1]) for a, b in zip(mo, mn)):
-        diff = next(((a, b) for a, b in zip(mo, mn) if not (a[0] == b[0] and _equal(a[1], b[1]))), None)
+    diff = next(((a, b) for a, b in zip(mo, mn) if a[0] != b[0] or not _equal(a[1], b[1])), None)
+    if diff or len(mo) != len(mn):
         return f"measurements differ: {diff or (len(mo), len(mn))}"
     return ""
 
