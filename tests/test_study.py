@@ -65,10 +65,11 @@ CRAWL_SHARDS = 2  # the crawl is the slowest browser test: in shards, pytest-xdi
 
 
 @pytest.mark.parametrize("shard", range(CRAWL_SHARDS))
-def test_each_kind_of_page_renders_cleanly_in_chromium(page, server, site, shard):
+def test_each_kind_of_page_renders_cleanly_in_chromium(page, server, site, page_facts, shard):
     """Load each kind of page (`_crawled`; this shard: every CRAWL_SHARDS-th of them): math rendered, evidence
     present on question pages, no empty value (the page fixture fails the test on any console error or request off
-    127.0.0.1)."""
+    127.0.0.1). What Chromium finds is also what `_Facts` reads from the same file, so the checks of every page on
+    the build below are held against the browser on these."""
     questions = {p.removesuffix(".md") + "/" for p in question_pages()}
     urls = _crawled(site)
     assert len(urls) > 8 and len(set(urls) & questions) >= 8, urls
@@ -77,6 +78,10 @@ def test_each_kind_of_page_renders_cleanly_in_chromium(page, server, site, shard
         page.wait_for_function(KATEX_DONE, timeout=15_000)
         facts = page.evaluate(PAGE_FACTS)
         assert facts["katex_errors"] == 0, f"/{u}: KaTeX could not parse some math"
+        built = page_facts[u]
+        assert (facts["evidence"], facts["values"], facts["run_boxes"]) == (built.evidence, built.values,
+                                                                           built.run_boxes), f"/{u}: _Facts misreads"
+        assert page.evaluate("document.querySelectorAll('.arithmatex').length") == len(built.math), u
         if u in questions:
             assert facts["evidence"] >= 1, f"/{u}: no evidence card"
             # textContent, not innerText: a value inside a closed follow-up is not rendered and has no innerText
