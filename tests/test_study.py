@@ -89,40 +89,66 @@ def test_each_kind_of_page_renders_cleanly_in_chromium(page, server, site, page_
             assert facts["run_boxes"] == 1, f"/{u}: no run box"
 
 
-class _Facts(HTMLParser):
-    """What a built page asks the browser to fetch, its math as KaTeX's auto-render finds it in `.arithmatex`
-    elements, its evidence cards, measured values and run boxes (the same facts as PAGE_FACTS, read from the file)."""
+NOT_FETCHED = {"canonical", "alternate", "next", "prev", "author", "license", "search"}  # <link rel> left unloaded
+CSS_URL = re.compile(r"""url\(\s*(['"]?)([^'")]+)\1\s*\)""")  # url(...) in a stylesheet or a style attribute
+PAGE_BASE = re.compile(r'new URL\("[^"]*",location\)')  # the one part of Material's inline scripts that varies
 
-    FETCHED = {"img": "src", "script": "src", "source": "src", "iframe": "src", "video": "src", "audio": "src",
-               "embed": "src"}
-    LINKS = {"stylesheet", "icon", "preload", "modulepreload", "manifest", "prefetch"}  # <link rel> that fetch
+
+class _Facts(HTMLParser):
+    """What a built page asks the browser to fetch, the scripts it runs inline and any on* handler, its math as
+    KaTeX's auto-render finds it (one text node in each `.arithmatex` element), its evidence cards, measured values
+    and run boxes (the same facts as PAGE_FACTS, read from the file)."""
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
-        self.fetched: list[str] = []
+        self.fetched: list[str] = []  # src, srcset, poster, <object data>, <link href> that load, url() in styles
+        self.scripts: list[str] = []  # inline scripts the browser runs, with the page's base path taken out
+        self.handlers: list[str] = []  # on* attributes: script a page runs that no file holds
+        self.unseen_math: list[str] = []  # a tag or comment inside a formula: auto-render would not read it whole
         self.math: list[str] = []
         self.evidence = self.run_boxes = 0
         self._in_evidence = 0  # depth of <div> inside the evidence card being read (0: outside every card)
         self.values: list[str] = []
         self._open: list[tuple[str, str, list[str]]] = []  # (tag, what, text) of the elements being read
 
+    def _in_math(self) -> bool:
+        return any(what == "math" for _, what, _ in self._open)
+
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         classes = (a.get("class") or "").split()
-        if tag in self.FETCHED and a.get(self.FETCHED[tag]):
-            self.fetched.append(a[self.FETCHED[tag]])
-        if tag == "link" and a.get("href") and self.LINKS & set((a.get("rel") or "").split()):
-            self.fetched.append(a["href"])
+        if self._in_math():
+            self.unseen_math.append(f"<{tag}>")
+        for name, value in attrs:
+            if value is None:
+                continue
+            if name.startswith("on"):
+                self.handlers.append(f"<{tag} {name}>")
+            if name in ("src", "poster") or (name, tag) == ("data", "object") or (
+                    name in ("href", "xlink:href") and tag in ("image", "use")) or (
+                    (name, tag) == ("href", "link") and not NOT_FETCHED & set((a.get("rel") or "").split())):
+                self.fetched.append(value)
+            elif name == "srcset":
+                self.fetched += [c.split()[0] for c in value.split(",") if c.strip()]
+            elif name == "style":
+                self.fetched += [m[1] for m in CSS_URL.findall(value)]
         if tag == "div" and (self._in_evidence or "evidence" in classes):
             self.evidence += not self._in_evidence
             self._in_evidence += 1
         what = ("math" if "arithmatex" in classes else "value" if (tag == "span" and "value" in classes) or
                 (tag == "td" and "num" in classes and self._in_evidence) else
-                "title" if "admonition-title" in classes else None)
+                "title" if "admonition-title" in classes else
+                "script" if tag == "script" and not a.get("src") and a.get("type") in (None, "", "text/javascript",
+                                                                                     "module") else
+                "style" if tag == "style" else None)
         if what:
             self._open.append((tag, what, []))
         elif self._open and tag == self._open[-1][0]:
             self._open.append((tag, "", []))  # the same tag nested inside: its end is not ours
+
+    def handle_comment(self, data):
+        if self._in_math():
+            self.unseen_math.append("<!-- -->")
 
     def handle_endtag(self, tag):
         if tag == "div" and self._in_evidence:
@@ -136,6 +162,10 @@ class _Facts(HTMLParser):
                 self.values.append(text.strip())
             elif what == "title":
                 self.run_boxes += "Run it yourself" in text
+            elif what == "script":
+                self.scripts.append(PAGE_BASE.sub("new URL(BASE,location)", text.strip()))
+            elif what == "style":
+                self.fetched += [m[1] for m in CSS_URL.findall(text)]
             if self._open:
                 self._open[-1][2].append(text)
 
@@ -145,36 +175,66 @@ class _Facts(HTMLParser):
 
 
 CODE_BLOCK = re.compile(r"<pre\b.*?</pre>", re.S)  # highlighted proof code: half of each page, none of the facts
+FACT_CLASS = re.compile(r"""class=["']?[^"'>]*\b(value|arithmatex|evidence|admonition-title)\b""")
 
 
 @pytest.fixture(scope="module")
 def page_facts(site) -> dict[str, _Facts]:
     facts = {}
     for u in _page_urls(site):
+        text = (site / u / "index.html").read_text(encoding="utf-8")
+        hidden = [m[1] for block in CODE_BLOCK.findall(text) for m in FACT_CLASS.finditer(block)]
+        assert not hidden, f"/{u}: a {hidden[0]} element inside a <pre> block, which _Facts skips"
         parser = _Facts()
-        parser.feed(CODE_BLOCK.sub("", (site / u / "index.html").read_text(encoding="utf-8")))
+        parser.feed(CODE_BLOCK.sub("", text))
         parser.close()
         facts[u] = parser
     return facts
 
 
+def _built_file(site: Path, page: str, ref: str) -> Path | None:
+    """The file of the build that `ref`, fetched from the page or stylesheet at site/page, loads; None if it is
+    on another host, outside the site or missing."""
+    parts = urlsplit(ref)
+    if parts.scheme or parts.netloc:
+        return None
+    base = site if parts.path.startswith("/") else site / page
+    target = (base / unquote(parts.path).lstrip("/")).resolve()
+    return target if target.is_relative_to(site.resolve()) and target.is_file() and target.stat().st_size else None
+
+
 def test_every_page_shows_its_evidence_and_fetches_only_its_own_files(site, page_facts):
-    """On every built page: each file the browser would fetch (scripts, styles, figures, icons) is a file of the
-    build, never another host (a missing one is the console error a crawl would have seen); a question page has
-    evidence cards, a value in every measured cell and one run box."""
+    """On every built page: each file the browser would fetch (scripts, styles, figures, icons, and the fonts and
+    images those stylesheets name) is a file of the build, never another host (a missing one is the console error a
+    crawl would have seen); it runs no inline script that a page Chromium loads (`_crawled`) does not run too, and no
+    on* handler; a question page has evidence cards, a value in every measured cell and one run box."""
     questions = {p.removesuffix(".md") + "/" for p in question_pages()}
     assert set(questions) <= set(page_facts)
+    run_in_chromium = {s for u in _crawled(site) for s in page_facts[u].scripts}
+    assert run_in_chromium, "no inline script found: does _Facts still read them?"
+    stylesheets: set[Path] = set()
     for u, f in page_facts.items():
         assert f.fetched, f"/{u}: fetches nothing, so this test reads the page wrongly"
         for ref in f.fetched:
-            parts = urlsplit(ref)
-            assert not parts.scheme and not parts.netloc, f"/{u}: fetches {ref} from another host"
-            target = (site / u / unquote(parts.path)).resolve()
-            assert target.is_file() and target.stat().st_size, f"/{u}: fetches {ref}, which the build lacks"
+            if ref.startswith("data:"):
+                continue
+            target = _built_file(site, u, ref)
+            assert target, f"/{u}: fetches {ref}, which is not a file of the build"
+            if target.suffix == ".css":
+                stylesheets.add(target)
+        assert not f.handlers, f"/{u}: inline handlers {f.handlers}"
+        new = [s[:80] for s in f.scripts if s not in run_in_chromium]
+        assert not new, f"/{u}: inline scripts that no page loaded in Chromium runs: {new}"
         if u in questions:
             assert f.evidence >= 1, f"/{u}: no evidence card"
             assert f.values and all(f.values), f"/{u}: an empty measured value"
             assert f.run_boxes == 1, f"/{u}: {f.run_boxes} run boxes"
+    assert any(css.name == "katex.min.css" for css in stylesheets)
+    for css in sorted(stylesheets):  # KaTeX's fonts load only on a page whose math needs them
+        for _, ref in CSS_URL.findall(css.read_text(encoding="utf-8")):
+            if not ref.startswith("data:"):
+                page = css.parent.relative_to(site.resolve()).as_posix()
+                assert _built_file(site, page, ref), f"{css.name} names {ref}, which is not a file of the build"
 
 
 KATEX_CHECK = """
@@ -182,22 +242,24 @@ const katex = require(process.argv[1]);
 const out = [];
 for (const [tex, display] of JSON.parse(require("fs").readFileSync(0, "utf8"))) {
   try { katex.renderToString(tex, {displayMode: display, throwOnError: true}); }
-  catch (e) { out.push([tex, String(e.message)]); }
+  catch (e) { out.push([tex, display, String(e.message)]); }
 }
 process.stdout.write(JSON.stringify(out));
 """
 
 
 def test_every_formula_on_every_page_parses_with_the_sites_katex(site, page_facts):
-    """Every `.arithmatex` element of every built page holds one formula between the delimiters that
-    javascripts/katex-init.js gives KaTeX's auto-render, and the KaTeX file the site ships (assets/katex/katex.min.js,
-    run by node) renders it with throwOnError. Stricter than the browser: there (throwOnError off) an unknown command
-    is drawn in red inside the formula, not as a `.katex-error`, so a crawl counting those passed a page that showed
-    `c^\\*` as a red backslash (inference/kv-cache-quantisation, fixed with the test)."""
+    """Every `.arithmatex` element of every built page holds one formula, as one text node, between the delimiters
+    that javascripts/katex-init.js gives KaTeX's auto-render, and the KaTeX file the site ships
+    (assets/katex/katex.min.js, run by node) renders it with throwOnError. Stricter than the browser: there
+    (throwOnError off) an unknown command is drawn in red inside the formula, not as a `.katex-error`, so a crawl
+    counting those passed a page that showed `c^\\*` as a red backslash (inference/kv-cache-quantisation, fixed with
+    the test)."""
     if not shutil.which("node"):
         pytest.fail("node is not installed: `make setup` installs KaTeX with npm, which needs node", pytrace=False)
     formulas: dict[tuple[str, bool], str] = {}
     for u, f in page_facts.items():
+        assert not f.unseen_math, f"/{u}: {f.unseen_math[0]} inside a formula: auto-render would skip it"
         for m in f.math:
             m = m.strip()
             display = m.startswith("\\[")
@@ -209,8 +271,7 @@ def test_every_formula_on_every_page_parses_with_the_sites_katex(site, page_fact
     r = subprocess.run(["node", "-e", KATEX_CHECK, str(site / "assets" / "katex" / "katex.min.js")],
                        input=json.dumps(list(formulas)), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    failed = [f"/{formulas[(tex, d)]}: {tex[:60]} ({why})" for tex, why in json.loads(r.stdout)
-              for d in (False, True) if (tex, d) in formulas]
+    failed = [f"/{formulas[(tex, display)]}: {tex[:60]} ({why})" for tex, display, why in json.loads(r.stdout)]
     assert not failed, f"{len(failed)} formulas KaTeX cannot parse: {failed[:10]}"
 
 
