@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from proofs import evidence as E
-from tests.pages import ROOT, question_pages
+from tests.pages import ROOT, question_pages, registry
 
 
 def test_strict_build_renders_every_question_page(site):
@@ -81,6 +81,23 @@ def test_no_page_shows_an_empty_or_missing_measured_value(site):
         assert "<!-- value" not in prose and "&lt;!-- value" not in prose, f"{where}: an unrendered value marker"
         assert "value--missing" not in html, f"{where}: a measured value is missing"
         assert not empty.search(html), f"{where}: an empty measured value"
+
+
+CLAIM_ROW = re.compile(r"<tr>\s*<td><code>(C-[A-Z0-9-]+)</code></td>\s*<td>(.*?)</td>", re.S)
+
+
+def test_every_claims_table_shows_each_claim_as_written(site):
+    """The home page's ledger and every question page's claims table show each claim's text as claims.yml has it:
+    the ledger is a Markdown table, where a bare | in a claim (ALiBi's −m·|i−j|) split the cell and showed as /."""
+    reg = registry()
+    seen = set()
+    for path in [site / "index.html"] + [site / p.removesuffix(".md") / "index.html" for p in question_pages()]:
+        for cid, cell in CLAIM_ROW.findall(path.read_text(encoding="utf-8")):
+            shown = html.unescape(re.sub(r"<[^>]+>", "", cell))
+            assert shown == reg[cid]["claim"], f"{path.relative_to(site)}: {cid} shows {shown!r}"
+            seen.add(cid)
+    assert seen == set(reg), f"claims in no table: {sorted(set(reg) - seen)}"
+    assert any("|" in c["claim"] for c in reg.values()), "no claim has a | any more: this test checks less"
 
 
 def test_proof_code_is_included_from_the_file_not_pasted(site):

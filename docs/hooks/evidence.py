@@ -282,7 +282,8 @@ def _ledger(page) -> str:
                 link = "<br>".join(f"[{meta.get('title', uri)}]({_rel(page, uri)})" for uri, meta in settled[cid])
             else:
                 cell, link = '<span class="verdict verdict--open">open</span>', "not yet settled"
-            out.append(f"| `{cid}` | {_registry[cid]['claim'].replace('|', '/')} | {cell} | {link} |")
+            text = _registry[cid]["claim"].replace("|", "&#124;")  # a bare | would split the Markdown table's cell
+            out.append(f"| `{cid}` | {text} | {cell} | {link} |")
     n_open = len(_registry) - sum(counts.values())
     head = (
         f"**{len(_registry)} claims**: {counts['confirmed']} confirmed, {counts['nuanced']} nuanced, "
