@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import unicodedata
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
@@ -98,6 +100,38 @@ def test_every_claims_table_shows_each_claim_as_written(site):
             seen.add(cid)
     assert seen == set(reg), f"claims in no table: {sorted(set(reg) - seen)}"
     assert any("|" in c["claim"] for c in reg.values()), "no claim has a | any more: this test checks less"
+
+
+HREF = re.compile(r"""<a\b[^>]*?\shref=("[^"]*"|'[^']*'|[^\s>]+)""")
+ID = re.compile(r"""\sid=("[^"]*"|'[^']*'|[^\s>]+)""")
+
+
+def test_every_link_within_the_site_reaches_its_page_and_anchor(site):
+    """Every relative link of every built page, the ones hooks write into the HTML included (mkdocs checks only the
+    Markdown's, and not their anchors in a strict build), leads to a file of the build and, with a #fragment, to an
+    element with that id there: a claims table linked a test that had no evidence card on its page (kv-eviction)."""
+    root = site.resolve()
+    ids: dict[Path, set[str]] = {}
+    broken, n = [], 0
+    for f in sorted(root.rglob("*.html")):
+        for raw in HREF.findall(f.read_text(encoding="utf-8")):
+            ref = html.unescape(raw.strip("\"'"))
+            parts = urlsplit(ref)
+            if parts.scheme or parts.netloc:
+                continue  # another site (or mailto:): not ours to check offline
+            n += 1
+            target = ((root if parts.path.startswith("/") else f.parent) / unquote(parts.path).lstrip("/")).resolve()
+            if target.is_dir():
+                target /= "index.html"
+            if not (target.is_relative_to(root) and target.is_file()):
+                broken.append(f"{f.relative_to(root)}: {ref} (no such file)")
+            elif parts.fragment and target.suffix == ".html":
+                if target not in ids:
+                    ids[target] = {html.unescape(m.strip("\"'")) for m in ID.findall(target.read_text(encoding="utf-8"))}
+                if unquote(parts.fragment) not in ids[target]:
+                    broken.append(f"{f.relative_to(root)}: {ref} (no such anchor)")
+    assert n > 10_000, f"only {n} links read: does the pattern still match the built pages?"
+    assert not broken, f"{len(broken)} broken links: {broken[:10]}"
 
 
 def test_proof_code_is_included_from_the_file_not_pasted(site):
