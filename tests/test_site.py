@@ -134,6 +134,34 @@ def test_every_link_within_the_site_reaches_its_page_and_anchor(site):
     assert not broken, f"{len(broken)} broken links: {broken[:10]}"
 
 
+NOT_PROSE = re.compile(r'<(pre|code|script|style|svg|textarea)\b.*?</\1>|<(span|div) class="arithmatex">.*?</\2>', re.S)
+LEAKS = {  # Markdown or TeX that a reader would see as text: what each looks like when it leaks
+    "an admonition marker": re.compile(r"^\s*(\?\?\?|!!!)\+? ?[a-z]", re.M),
+    "bold markers": re.compile(r"\*\*\S"),
+    "a $ that opened no formula": re.compile(r"\$[^\s$\d]"),
+    "a Markdown link": re.compile(r"\]\([^)]*\)"),
+    "a snippet marker": re.compile(r"--8<--"),
+    "an HTML tag as text": re.compile(r"</?(div|span|p|details|summary|table|td)\b"),
+    "an HTML comment as text": re.compile(r"<!--"),
+    "an attribute list": re.compile(r"\{:|\{ *[.#][a-z]|\{ *data-"),
+    "TeX outside a formula": re.compile(r"\\\(|\\\[|\\(frac|sqrt|text|max|sum|mathbb)\b"),
+}
+
+
+def test_no_page_shows_markdown_or_tex_as_text(site):
+    """The text a reader sees on every built page (code, scripts and formulas left out) holds no Markdown or TeX that
+    failed to convert: a | inside $...$ in a table row split the cell and left "$\\max_{kl}" on the page
+    (quantisation, fixed with \\lvert \\rvert), and headings with math showed raw \\(w\\) in the table of contents
+    (fixed with a plain data-toc-label)."""
+    found = []
+    for f in sorted(site.rglob("*.html")):
+        text = html.unescape(re.sub(r"<[^>]+>", " ", NOT_PROSE.sub(" ", f.read_text(encoding="utf-8"))))
+        for what, pattern in LEAKS.items():
+            for m in pattern.finditer(text):
+                found.append(f"{f.relative_to(site)}: {what}: {' '.join(text[m.start() - 40:m.end() + 40].split())}")
+    assert not found, f"{len(found)} leaks: {found[:10]}"
+
+
 def test_proof_code_is_included_from_the_file_not_pasted(site):
     """Every page's python code blocks that come from a proof contain that proof's source lines."""
     for page, meta in question_pages().items():
