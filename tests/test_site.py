@@ -162,6 +162,19 @@ def test_no_page_shows_markdown_or_tex_as_text(site):
     assert not found, f"{len(found)} leaks: {found[:10]}"
 
 
+def test_every_figure_has_a_caption_and_a_plain_file_name(evidence_ready):
+    """Every figure a proof recorded has a caption (the line under it on the page, and its alt text) and a name of
+    lower-case letters, digits, - and _ (its file name): proof_spikes saved "loss curves of every arm" with no caption,
+    an image with an empty alt and no line under it, in a file whose name held spaces."""
+    figures = [(j, f) for j in sorted(E.EVIDENCE_DIR.rglob("*.json"))
+               for f in json.loads(j.read_text(encoding="utf-8")).get("figures", [])]
+    assert len(figures) > 50, "fewer figures than the site shows: does this test read the evidence?"
+    for j, f in figures:
+        where = f"{j.relative_to(E.EVIDENCE_DIR)}: figure {f['name']!r}"
+        assert re.fullmatch(r"[a-z0-9_-]+", f["name"]), f"{where}: use a name of a-z, 0-9, - and _"
+        assert f["caption"].strip(), f"{where}: no caption (ev.figure(fig, name, caption))"
+
+
 def test_proof_code_is_included_from_the_file_not_pasted(site):
     """Every page's python code blocks that come from a proof contain that proof's source lines."""
     for page, meta in question_pages().items():

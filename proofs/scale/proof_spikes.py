@@ -119,7 +119,8 @@ def _plot(ev, seed: int) -> None:
     ax.legend(fontsize=7, ncol=2)
     ax.set_title("Same batches, same initial weights; only the remedy differs")
     fig.tight_layout()
-    ev.figure(fig, "loss curves of every arm")
+    ev.figure(fig, "curves", f"Training loss of the plain model at lr {SAFE_LR:g} and of every arm at lr {HIGH_LR:g}: "
+                             "the same batches and initial weights, only the remedy differs.")
 
 
 # %% [markdown]

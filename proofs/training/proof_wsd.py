@@ -281,7 +281,7 @@ def _plot_curves(ev, seed: int) -> None:
     ax.legend(fontsize=6.5, ncol=2)
     ax.set_title(f"Seed {seed}: one WSD run and its branches vs a cosine run per budget")
     fig.tight_layout()
-    ev.figure(fig, "held-out loss", caption="Held-out loss every 16 updates. Dashed: WSD decays branched off the "
+    ev.figure(fig, "heldout", caption="Held-out loss every 16 updates. Dashed: WSD decays branched off the "
               "160-update run's stable phase; cosine needs a run per budget. Black line: the chain's entropy.")
     plt.close(fig)
 
