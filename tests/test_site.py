@@ -109,7 +109,9 @@ ID = re.compile(r"""\sid=("[^"]*"|'[^']*'|[^\s>]+)""")
 def test_every_link_within_the_site_reaches_its_page_and_anchor(site):
     """Every relative link of every built page, the ones hooks write into the HTML included (mkdocs checks only the
     Markdown's, and not their anchors in a strict build), leads to a file of the build and, with a #fragment, to an
-    element with that id there: a claims table linked a test that had no evidence card on its page (kv-eviction)."""
+    element with that id there, the only one with it: a claims table linked a test that had no evidence card on its
+    page (kv-eviction), and the tags page had two sections with the id tag:attention (the area "Attention" and the
+    topic tag "attention"; the hook now merges tags that differ only in case)."""
     root = site.resolve()
     ids: dict[Path, set[str]] = {}
     broken, n = [], 0
@@ -127,7 +129,10 @@ def test_every_link_within_the_site_reaches_its_page_and_anchor(site):
                 broken.append(f"{f.relative_to(root)}: {ref} (no such file)")
             elif parts.fragment and target.suffix == ".html":
                 if target not in ids:
-                    ids[target] = {html.unescape(m.strip("\"'")) for m in ID.findall(target.read_text(encoding="utf-8"))}
+                    found = [html.unescape(m.strip("\"'")) for m in ID.findall(target.read_text(encoding="utf-8"))]
+                    twice = sorted({i for i in found if found.count(i) > 1})
+                    assert not twice, f"{target.relative_to(root)}: ids used twice, a link reaches only the first: {twice}"
+                    ids[target] = set(found)
                 if unquote(parts.fragment) not in ids[target]:
                     broken.append(f"{f.relative_to(root)}: {ref} (no such anchor)")
     assert n > 10_000, f"only {n} links read: does the pattern still match the built pages?"

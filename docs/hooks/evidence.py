@@ -146,7 +146,12 @@ def on_page_read_source(page, config):
     if not meta.get("claims") or not text.startswith("---\n"):
         return None
     area = page.file.src_uri.split("/")[0]
-    meta["tags"] = list(dict.fromkeys([*(meta.get("tags") or []), *study.tags_of(meta, AREA_TITLES.get(area, area))]))
+    added = study.tags_of(meta, AREA_TITLES.get(area, area))
+    # A topic tag that differs from an area's or an added tag only in case ("attention", the area "Attention") is the
+    # same tag: both would get the id tag:attention on the tags page, two sections a reader could not tell apart.
+    spelled = {str(t).lower(): t for t in [*AREA_TITLES.values(), *added]}
+    own = [spelled.get(str(t).lower(), t) for t in meta.get("tags") or []]
+    meta["tags"] = list(dict.fromkeys([*own, *added]))
     return "---\n" + yaml.safe_dump(meta, allow_unicode=True, sort_keys=False) + "---\n" + body
 
 
