@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 
@@ -346,19 +347,27 @@ def test_scattered_eviction_frees_about_f_to_the_B_of_paged_blocks(ev, seed):
 # --8<-- [end:test_paged]
 
 
+# --8<-- [start:test_bad]
 @pytest.mark.claim("C-EVICT-1", "nuanced")
 def test_bad_eviction_settings_raise_config_error(ev, seed):
-    """Settings the policies cannot honour raise ConfigError naming the fix; valid ones pass. Would fail if any bad
-    setting went through silently."""
-    bad = [dict(policy="recency", budget=4, sinks=4), dict(policy="lru", budget=4), dict(policy="h2o", budget=0),
-           dict(policy="snapkv", budget=4, window=5), dict(policy="snapkv", budget=4, pool=2),
-           dict(policy="h2o", budget=4, recent=5)]
-    for kw in bad:
-        with pytest.raises(ConfigError):
-            check_budget(**kw)
-    check_budget("recency", 5, sinks=4)
-    with pytest.raises(ConfigError):
-        expected_free_blocks(1000, 900, 16)
-    with pytest.raises(ConfigError):
-        R.check(KEYS, VALUES, KEYS + 1)
-    ev.record("bad settings rejected", len(bad) + 2, expect=f"{len(bad) + 2}")
+    """Settings the policies cannot honour raise ConfigError, and its message names what to change; the boundary
+    setting beside one of them (a recency budget one above its sinks) goes through. Would fail if any bad setting went
+    through silently or raised a message that does not say what is wrong."""
+    bad = [  # (the setting, what the message must say)
+        (lambda: check_budget("recency", 4, sinks=4), "raise the budget or keep fewer sinks"),
+        (lambda: check_budget("lru", 4), "is not one of"),  # not a policy of ours
+        (lambda: check_budget("h2o", 0), "keeps >= 1 token"),
+        (lambda: check_budget("snapkv", 4, window=5), "need 1 <= window <= budget"),
+        (lambda: check_budget("snapkv", 4, pool=2), "must be odd"),
+        (lambda: check_budget("h2o", 4, recent=5), "need 0 <= recent <= budget"),
+        (lambda: expected_free_blocks(1000, 900, 16), "multiple of the block size"),  # 1000 tokens, 16-token blocks
+        (lambda: R.check(KEYS, VALUES, KEYS + 1), "1 <= facts <= keys"),  # more facts than keys
+    ]
+    refused = 0
+    for setting, says in bad:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            setting()
+        refused += 1
+    check_budget("recency", 5, sinks=4)  # one above the sinks: valid
+    ev.record("bad settings refused, each with a message naming the fix", refused, expect=f"{len(bad)}")
+# --8<-- [end:test_bad]
