@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 from torch import Tensor
@@ -364,20 +365,27 @@ def test_recall_against_budget_token_vs_block(ev, seed):
 
 @pytest.mark.claim("C-SPARSE-1", "nuanced")
 def test_bad_sparse_settings_raise_config_error(ev, seed):
-    """Settings the sparse mixers cannot honour raise ConfigError naming the fix; a valid one builds. Would fail if
-    any bad setting went through silently."""
-    bad = [dict(mixer="block", sparse_keys=4, sparse_block=1), dict(mixer="block", sparse_keys=6, sparse_block=4),
-           dict(mixer="topk", sparse_keys=4, positions="rope"), dict(mixer="topk", sparse_keys=4, attn_impl="tiled"),
-           dict(mixer="topk", sparse_keys=-1), dict(mixer="block", sparse_keys=4, sparse_block=0)]
-    for kw in bad:
-        with pytest.raises(ConfigError):
-            mixer_lm(config(**kw))
+    """Settings the sparse mixers cannot honour raise ConfigError, and its message names what to change; a valid one
+    builds. Would fail if any bad setting went through silently or raised a message that does not say what is
+    wrong."""
     att = TopKAttention(config(mixer="topk", sparse_keys=2))
     x = torch.randn(2, 5, 32)
-    with pytest.raises(ConfigError):
-        att(x, causal=True, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
-    with pytest.raises(ConfigError):
-        att(x, x, causal=True)
+    bad = [  # (the setting, what the message must say)
+        (lambda: mixer_lm(config(mixer="block", sparse_keys=4, sparse_block=1)), "use mixer='topk'"),
+        (lambda: mixer_lm(config(mixer="block", sparse_keys=6, sparse_block=4)), "multiple of sparse_block"),
+        (lambda: mixer_lm(config(mixer="topk", sparse_keys=4, positions="rope")), "use positions='learned'"),
+        (lambda: mixer_lm(config(mixer="topk", sparse_keys=4, attn_impl="tiled")), "use 'explicit'"),
+        (lambda: mixer_lm(config(mixer="topk", sparse_keys=-1)), "sparse_keys >= 0"),
+        (lambda: mixer_lm(config(mixer="block", sparse_keys=4, sparse_block=0)), "sparse_block must be >= 1"),
+        (lambda: att(x, causal=True, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool)), "batch sequences"),
+        (lambda: att(x, x, causal=True), "no cross-attention kv"),
+        (lambda: att(x, causal=True, prefix=2), "attn_mask or prefix"),
+    ]
+    refused = 0
+    for setting, says in bad:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            setting()
+        refused += 1
     assert isinstance(mixer_lm(config(mixer="block", sparse_keys=8, sparse_block=4)).decoder.layers[0].self_attn,
                       BlockSparseAttention)
-    ev.record("bad settings rejected", len(bad) + 2, expect=f"{len(bad) + 2}")
+    ev.record("bad settings refused, each with a message naming the fix", refused, expect=f"{len(bad)}")
