@@ -17,7 +17,6 @@ import unicodedata
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import pytest
 import yaml
 
 from proofs import evidence as E
@@ -131,7 +130,7 @@ def test_every_link_within_the_site_reaches_its_page_and_anchor(site):
                 if target not in ids:
                     found = [html.unescape(m.strip("\"'")) for m in ID.findall(target.read_text(encoding="utf-8"))]
                     twice = sorted({i for i in found if found.count(i) > 1})
-                    assert not twice, f"{target.relative_to(root)}: ids used twice, a link reaches only the first: {twice}"
+                    assert not twice, f"{target.relative_to(root)}: ids used twice (a link reaches the first): {twice}"
                     ids[target] = set(found)
                 if unquote(parts.fragment) not in ids[target]:
                     broken.append(f"{f.relative_to(root)}: {ref} (no such anchor)")

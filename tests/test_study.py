@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from tests.conftest import SCREENSHOTS
-from tests.pages import ROOT, question_pages
+from tests.pages import question_pages
 
 KATEX_DONE = ("() => document.querySelectorAll('.arithmatex').length === "
               "document.querySelectorAll('.arithmatex .katex').length")
