@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -381,9 +382,11 @@ def test_bad_settings_raise_config_errors(ev):
     methods at once and removing from a plain model each raise ConfigError naming the fix (recorded, so that the
     site's evidence covers every test of this file)."""
     model = fresh_model(base_config())
-    for call in (lambda m: apply_prompt_tuning(m, 0), lambda m: apply_prefix_tuning(m, 0),
-                 lambda m: apply_adapters(m, 0), remove_peft):
-        with pytest.raises(ConfigError):
+    for call, says in ((lambda m: apply_prompt_tuning(m, 0), "p >= 1 soft tokens"),
+                       (lambda m: apply_prefix_tuning(m, 0), "p >= 1 virtual tokens"),
+                       (lambda m: apply_adapters(m, 0), "must be >= 1"),
+                       (remove_peft, "no prompt, prefix or adapters to remove")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
             call(copy.deepcopy(model))
     for cfg in (base_config().replace(positions="alibi"), base_config().replace(window=4)):
         with pytest.raises(ConfigError, match="prefix tuning"):
