@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 
 from proofs import evidence as E
-from tests.pages import ROOT, question_pages, registry
+from tests.pages import ROOT, question_pages, registry, site_target
 
 
 def test_strict_build_renders_every_question_page(site):
@@ -121,10 +121,8 @@ def test_every_link_within_the_site_reaches_its_page_and_anchor(site):
             if parts.scheme or parts.netloc:
                 continue  # another site (or mailto:): not ours to check offline
             n += 1
-            target = ((root if parts.path.startswith("/") else f.parent) / unquote(parts.path).lstrip("/")).resolve()
-            if target.is_dir():
-                target /= "index.html"
-            if not (target.is_relative_to(root) and target.is_file()):
+            target = site_target(root, f.parent, ref)
+            if not (target and target.is_file()):
                 broken.append(f"{f.relative_to(root)}: {ref} (no such file)")
             elif parts.fragment and target.suffix == ".html":
                 if target not in ids:

@@ -17,12 +17,11 @@ import subprocess
 import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 import pytest
 
 from tests.conftest import SCREENSHOTS
-from tests.pages import question_pages
+from tests.pages import question_pages, question_urls, site_target
 
 KATEX_DONE = ("() => document.querySelectorAll('.arithmatex').length === "
               "document.querySelectorAll('.arithmatex .katex').length")
@@ -68,7 +67,7 @@ def _crawled(site: Path) -> list[str]:
     one set of scripts; what differs from one to the next (its math, evidence, values, figures, the files it loads
     and its inline scripts) is checked on every built page by the tests below, with the same KaTeX file the browser
     runs. Loading all 95 pages took 84-160 s of the tests' CPU, a third of it."""
-    questions = {p.removesuffix(".md") + "/" for p in question_pages()}
+    questions = question_urls()
     kinds = {u: _kinds((site / u / "index.html").read_text(encoding="utf-8")) for u in _page_urls(site)
              if u in questions}
     left, chosen = set().union(*kinds.values()), []
@@ -88,7 +87,7 @@ def test_each_kind_of_page_renders_cleanly_in_chromium(page, server, site, page_
     present on question pages, no empty value (the page fixture fails the test on any console error or request off
     127.0.0.1). What Chromium finds is also what `_Facts` reads from the same file, so the checks of every page on
     the build below are held against the browser on these."""
-    questions = {p.removesuffix(".md") + "/" for p in question_pages()}
+    questions = question_urls()
     urls = _crawled(site)
     assert len(urls) > 8 and set(urls) & questions, urls
     for u in urls[shard::CRAWL_SHARDS]:
@@ -211,14 +210,10 @@ def page_facts(site) -> dict[str, _Facts]:
 
 
 def _built_file(site: Path, page: str, ref: str) -> Path | None:
-    """The file of the build that `ref`, fetched from the page or stylesheet at site/page, loads; None if it is
-    on another host, outside the site or missing."""
-    parts = urlsplit(ref)
-    if parts.scheme or parts.netloc:
-        return None
-    base = site if parts.path.startswith("/") else site / page
-    target = (base / unquote(parts.path).lstrip("/")).resolve()
-    return target if target.is_relative_to(site.resolve()) and target.is_file() and target.stat().st_size else None
+    """The non-empty file of the build that `ref`, fetched from the page or stylesheet at site/page, loads; None if
+    it is on another host, outside the site or missing."""
+    target = site_target(site, (site / page).resolve(), ref)
+    return target if target and target.is_file() and target.stat().st_size else None
 
 
 def test_every_page_shows_its_evidence_and_fetches_only_its_own_files(site, page_facts):
@@ -226,7 +221,7 @@ def test_every_page_shows_its_evidence_and_fetches_only_its_own_files(site, page
     images those stylesheets name) is a file of the build, never another host (a missing one is the console error a
     crawl would have seen); it runs no inline script that a page Chromium loads (`_crawled`) does not run too, and no
     on* handler; a question page has evidence cards, a value in every measured cell and one run box."""
-    questions = {p.removesuffix(".md") + "/" for p in question_pages()}
+    questions = question_urls()
     assert set(questions) <= set(page_facts)
     run_in_chromium = {s for u in _crawled(site) for s in page_facts[u].scripts}
     assert run_in_chromium, "no inline script found: does _Facts still read them?"
