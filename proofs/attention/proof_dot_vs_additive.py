@@ -167,16 +167,21 @@ def logit_statistics(d_k: int, seed: int, v_std: float | None = None, batch: int
 #
 # The reverse task (output the sequence backwards: it needs attention to a position
 # that depends on where the query stands): one encoder layer with one head of size
-# d_k = 64, 200 Adam steps at learning rate 3e-3, batch 16, length 8, the same
-# batches for every arm; only the score function changes. Each arm is trained once
-# per seed (cached), so every test of this file reads the same runs.
+# d_k = 64, 300 Adam steps at learning rate 3e-3, batch 16, length 8, the same
+# batches for every arm; only the score function changes. Each arm is trained from
+# INITS initialisations per seed (cached) and its accuracy averaged: a stall is a
+# delay whose length varies from one initialisation to the next (see the thresholds).
 
 # %%
 # --8<-- [start:train]
+INITS = 2  # initialisations per arm and seed, same batches: the test reads their mean
+
+
 @cache
-def reverse_accuracy(arm: str, seed: int, steps: int = 200, d_model: int = 64, length: int = 8) -> float:
-    """Accuracy on 256 new sequences after `steps` Adam steps; one head (d_k = d_model), one layer."""
-    torch.manual_seed(seed)
+def reverse_accuracy(arm: str, seed: int, steps: int = 300, d_model: int = 64, length: int = 8, init: int = 0) -> float:
+    """Accuracy on 256 new sequences after `steps` Adam steps; one head (d_k = d_model), one layer. `init` picks
+    the initialisation (0: torch.manual_seed(seed)); the batches and the test set depend on `seed` alone."""
+    torch.manual_seed(seed + 100_003 * init)
     cfg = TransformerConfig(vocab_size=16, d_model=d_model, n_heads=1, d_ff=2 * d_model, n_layers=1,
                             dropout_emb=0.0, dropout_residual=0.0, **ARMS[arm])
     model = EncoderTagger(cfg)
@@ -219,13 +224,22 @@ THRESHOLD_N256 = 3.0
 # than its sd says (one seed of a 20-seed sweep on 2026-11-25 reached 0.245).
 THRESHOLDS_LOGITS = {"unscaled growth": 6, "scaled growth": (0.85, 1.2), "flat": 1.6, "additive spread": (0.15, 1.0),
                      "saturated": 0.9, "soft": 0.5, "jacobian": 1.5, "v saturated": 0.85}
-# Training (one seed per run, as in the test), seeds 100-159: additive − unscaled 0.80 ± 0.04 (min 0.66); scaled −
-# unscaled 0.78 ± 0.07 (min 0.53); additive − scaled 0.02 ± 0.07 (from −0.11 to +0.30). Each threshold is at least
-# 4 sd from its mean. (At learning rate 2e-3 a learning arm was slow on some seeds, and the per-seed differences
-# had tails that no threshold 4 sd from the mean survived: 3e-3 makes both learning arms converge within the budget.)
-# A sweep of 20 random seeds (rng 2027) found additive − scaled at 0.375 once: the tail is longer than 4 sd says, so
-# that bound is 0.45, still well below the 0.8 by which both beat the unscaled dot product.
-THRESHOLDS_TRAIN = {"additive − unscaled dot": 0.5, "scaled dot − unscaled dot": 0.4, "additive − scaled dot": 0.45}
+# Training. A stall is a delay whose length varies with the initialisation, on both sides: at 200 steps (the budget
+# until 2026-11-28, one initialisation per arm) seeds 100-159 gave additive − unscaled 0.80 ± 0.04 and scaled − unscaled
+# 0.78 ± 0.07, yet at --proof-seed 31415926 the scaled arm was still on its plateau at step 200 (accuracy 0.34; 0.89 at
+# 250, 0.98 at 300) while the unscaled one stayed stuck (0.16 at 300). At 300 steps, one initialisation, seeds 100-159:
+# additive 0.998 ± 0.011 (min 0.94), scaled 0.992 ± 0.009 (min 0.96), unscaled 0.19 ± 0.07, but seed 141's unscaled arm
+# escaped its stall between steps 200 and 300 (0.51 at 250, 0.66 at 300). So the test averages INITS = 2 initialisations
+# per arm. By arithmetic on the observed ranges, the bounds hold against any ONE anomalous run of a seed, not two: the
+# learning arms' runs were all ≥ 0.925 (their means ≥ 0.96), so a fully escaped unscaled run (accuracy 1) beside a stuck
+# one below 0.42 leaves both gaps over the unscaled arm above the bound, 0.25; an unscaled escape and a learning-arm
+# stall on the same seed would not pass. Two initialisations, seeds 100-159 (60/60 pass): additive − unscaled 0.811 ±
+# 0.048 (min 0.577), scaled − unscaled 0.805 ± 0.048 (min 0.564), additive − scaled 0.007 ± 0.009 (from −0.025 to
+# +0.029). Additive − scaled: one initialisation 0.006 ± 0.012 (−0.057 to +0.034); its bound, 0.45, also holds if one
+# scaled run of two sat on its plateau at 0.34 like the far seed's did at 200 steps (just, if at 0.18), and lies far
+# below the ~0.8 by which both beat the unscaled dot product. Spread of the two-initialisation means:
+# bench/seeds/attention/.
+THRESHOLDS_TRAIN = {"additive − unscaled dot": 0.25, "scaled dot − unscaled dot": 0.25, "additive − scaled dot": 0.45}
 # --8<-- [end:thresholds]
 
 
@@ -403,10 +417,12 @@ def test_additive_beats_only_the_unscaled_dot_product(ev, seed):
     product learns as well, and additive does not beat it. Would be refuted (C-DOT-2) if additive did not beat the
     unscaled arm; the folk claim (additive better at large d, scale or not) would be confirmed if additive beat the
     scaled arm by a margin like the one it has over the unscaled arm."""
-    acc = {arm: reverse_accuracy(arm, seed) for arm in ARMS}
+    runs = {arm: [reverse_accuracy(arm, seed, init=i) for i in range(INITS)] for arm in ARMS}
+    acc = {arm: sum(r) / INITS for arm, r in runs.items()}
     for arm, value in acc.items():
-        ev.record(f"reverse accuracy, {arm}", value,
+        ev.record(f"reverse accuracy, {arm} (mean of {INITS} initialisations)", value,
                   expect="stalls near chance (1/15) plus position luck" if arm == "dot, unscaled" else "learns")
+        ev.record(f"reverse accuracy, {arm}, each initialisation", runs[arm], key=False)
     gaps = {
         "additive − unscaled dot": acc["additive"] - acc["dot, unscaled"],
         "scaled dot − unscaled dot": acc["dot, scaled"] - acc["dot, unscaled"],
@@ -414,7 +430,7 @@ def test_additive_beats_only_the_unscaled_dot_product(ev, seed):
     }
     for name, gap in gaps.items():
         ev.record(f"accuracy gap, {name}", gap)
-    # thresholds: THRESHOLDS_TRAIN, from seeds 100-159 (see the comment there for mean ± sd and the margins)
+    # thresholds: THRESHOLDS_TRAIN (the comment there gives the spread and why they hold against one escaped stall)
     assert gaps["additive − unscaled dot"] > THRESHOLDS_TRAIN["additive − unscaled dot"]  # C-DOT-2
     assert gaps["scaled dot − unscaled dot"] > THRESHOLDS_TRAIN["scaled dot − unscaled dot"]  # the scale closes it
     assert gaps["additive − scaled dot"] < THRESHOLDS_TRAIN["additive − scaled dot"]  # ... additive does not win
