@@ -368,7 +368,9 @@ def test_rope_on_the_up_projected_keys_breaks_absorption(ev, seed):
 def test_absorption_skips_the_per_token_up_projection(ev, seed):
     """FLOPs of one decode step with T latents cached: the materialised form grows by the up-projection of every
     cached latent (2·2·T·d_c·n_h·d_h), the absorbed form only by its scores over the latents. Also records, by
-    arithmetic, the absorbed step's FLOPs per byte of cache at DeepSeek-V2's sizes: near an H100's ridge, not ≈ 1."""
+    arithmetic, the absorbed step's FLOPs per byte of cache at DeepSeek-V2's sizes: near an H100's ridge, not ≈ 1.
+    Would be refuted if the materialised step did not grow by the up-projection of every cached latent beyond the
+    absorbed step's growth. The DeepSeek-V2 figures are arithmetic on the paper's sizes, not measurements."""
     rows = {T: (decode_step_flops(False, T), decode_step_flops(True, T)) for T in (8, 32)}
     for T, (mat, absorbed) in rows.items():
         ev.record(f"decode-step FLOPs with {T} latents cached: materialised, absorbed (1 layer)", [mat, absorbed])

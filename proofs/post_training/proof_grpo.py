@@ -662,7 +662,9 @@ def test_kl_term_needs_the_reference_and_holds_the_policy_back(ev, seed):
     (ConfigError). On the verifiable toy, seeds seed..seed+2, 400 steps at β = 0.04 and at β = 0: while the reward
     drives learning the two runs stay close; once most groups are all right (zero advantage, so the KL term is their
     only gradient) the β = 0.04 run ends nearer the reference, a little less accurate, with more groups still mixed.
-    Would support the folk claim if β = 0.04 left the run unchanged, or if the loss ran at β > 0 without a reference."""
+    That GRPO has the term is read from the papers (DeepSeekMath eqs. 3-4, DeepSeek-R1 §2.2.1); the ConfigError is
+    this repository's loss refusing to run it without a reference, and the runs measure how much the term changes a
+    run: the test would fail if β = 0.04 left the run unchanged."""
     logp = torch.zeros(4, 1, dtype=F64)
     with pytest.raises(ConfigError, match="needs logp_ref"):
         grpo_loss(logp, logp, torch.ones(4, dtype=F64), torch.ones_like(logp), beta=0.04)

@@ -476,8 +476,9 @@ def test_four_networks_and_their_bytes(ev, seed):
     frozen ones) equal the arithmetic 2 + 2 + 4 + 8 = 16 per trained and 2 per frozen
     parameter, for every algorithm; the same arithmetic for a LLaMA-7B-sized policy with a same-sized reward and value
     model gives PPO > GRPO > DPO, and shows that the four networks are not four times SFT's memory: the trained value
-    model costs eight times the frozen reward model. Would be refuted if the real tensors disagreed with the
-    arithmetic (e.g. Adam keeping other than two moments per parameter, or no fp32 master copy)."""
+    model costs eight times the frozen reward model. The fp32 master copy is made by this test itself; what the real
+    tensors check is the rest, e.g. torch's Adam keeping two fp32 moments per parameter: would be refuted if its
+    state held another number of them."""
     for algo in ALGORITHMS:
         m = measured_bytes(algo, seed)
         p = m["params"]
