@@ -204,9 +204,12 @@ def offset_matrices(seed: int, offsets=(0, 1, 2, 5, 20)) -> list[float]:
 
 # %%
 @torch.no_grad()
-def decode_step_flops(absorb: bool, cached: int) -> int:
+def decode_step_flops(absorb: bool, cached: int, latent: bool = True) -> int:
+    """FLOPs of one decode step of a 1-layer model with `cached` tokens in its cache; latent=False: plain MHA with
+    the same heads and head size (keys and values cached per head)."""
     torch.manual_seed(0)
-    lm = DecoderLM(mla_cfg(mla_absorb=absorb, n_layers=1, attn_impl="explicit")).eval()  # FlopCounterMode sees QKᵀ, PV
+    switches = dict(mla_absorb=absorb) if latent else dict(kv_latent=0)
+    lm = DecoderLM(mla_cfg(n_layers=1, attn_impl="explicit", **switches)).eval()  # FlopCounterMode sees QKᵀ, PV
     cache = lm.decoder.new_cache()
     lm(torch.randint(1, VOCAB, (1, cached)), cache=cache)
     with FlopCounterMode(display=False) as fc:
@@ -367,10 +370,12 @@ def test_rope_on_the_up_projected_keys_breaks_absorption(ev, seed):
 
 def test_absorption_skips_the_per_token_up_projection(ev, seed):
     """FLOPs of one decode step with T latents cached: the materialised form grows by the up-projection of every
-    cached latent (2·2·T·d_c·n_h·d_h), the absorbed form only by its scores over the latents. Also records, by
-    arithmetic, the absorbed step's FLOPs per byte of cache at DeepSeek-V2's sizes: near an H100's ridge, not ≈ 1.
-    Would be refuted if the materialised step did not grow by the up-projection of every cached latent beyond the
-    absorbed step's growth. The DeepSeek-V2 figures are arithmetic on the paper's sizes, not measurements."""
+    cached latent (2·2·T·d_c·n_h·d_h), the absorbed form only by its scores over the latents; and plain MHA with the
+    same heads and head size grows by less than the absorbed form (d_h-wide scores instead of d_c-wide ones). Also
+    records, by arithmetic, the absorbed step's FLOPs per byte of cache at DeepSeek-V2's sizes: near an H100's ridge,
+    not ≈ 1. Would be refuted if the materialised step did not grow by the up-projection of every cached latent beyond
+    the absorbed step's growth, or if the absorbed step grew no faster than MHA's. The DeepSeek-V2 figures are
+    arithmetic on the paper's sizes, not measurements."""
     rows = {T: (decode_step_flops(False, T), decode_step_flops(True, T)) for T in (8, 32)}
     for T, (mat, absorbed) in rows.items():
         ev.record(f"decode-step FLOPs with {T} latents cached: materialised, absorbed (1 layer)", [mat, absorbed])
@@ -379,6 +384,12 @@ def test_absorption_skips_the_per_token_up_projection(ev, seed):
     ev.record("extra FLOPs per extra cached token: materialised, absorbed", [grow_mat / 24, grow_abs / 24],
               expect=f"materialised includes 2·2·d_c·n_h·d_h = {4 * D_C * NH * HS} of up-projection")
     assert grow_mat - grow_abs >= 24 * 4 * D_C * NH * HS * 0.5
+    grow_mha = decode_step_flops(False, 32, latent=False) - decode_step_flops(False, 8, latent=False)
+    ev.record("extra FLOPs per extra cached token: MHA with the same heads and head size", grow_mha / 24,
+              expect="2·2·n_h·d_h: d_h-wide scores and values")
+    ev.record("extra FLOPs per extra cached token: absorbed MLA / MHA", grow_abs / grow_mha,
+              expect=f"(2·d_c + 2·d_c) / (4·d_h) = {D_C // HS} here (no rotary key in this arm)")
+    assert grow_abs > grow_mha  # against MHA over a full K/V cache, absorption costs arithmetic per cached token
     # arithmetic at DeepSeek-V2's sizes, per cached token and layer of an absorbed decode step: each head scores a
     # (d_c + d_r)-wide query against the latent and its rotary key and mixes d_c-wide values: n_h·(2(d_c+d_r) + 2d_c)
     # FLOPs, while reading (d_c + d_r) bf16 numbers
