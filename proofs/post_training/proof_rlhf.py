@@ -82,6 +82,7 @@ def shift_invariance(seed: int, P: int = 4, K: int = 6) -> dict:
     r = torch.randn(P, K, generator=g, dtype=F64, requires_grad=True)
     ranking = torch.stack([torch.randperm(K, generator=g) for _ in range(P)])
     c = 10 * torch.randn(P, 1, generator=g, dtype=F64)  # a large per-prompt constant
+    a = 0.5 + 4 * torch.rand(P, 1, generator=g, dtype=F64)  # a per-prompt scale in [0.5, 4.5)
     one = torch.zeros(P, K, dtype=F64)
     one[:, 0] = c[:, 0]  # the same constant on output 0 of each prompt only
     loss = bradley_terry_loss(*ranked_pairs(r, ranking))
@@ -95,7 +96,15 @@ def shift_invariance(seed: int, P: int = 4, K: int = 6) -> dict:
             "largest per-prompt sum of the gradient": grad.sum(1).abs().max().item(),
             "largest gradient on one output": grad.abs().max().item(),
             "group advantages change under c(x)": (group_advantages(r.detach() + c)
-                                                   - group_advantages(r.detach())).abs().max().item()}
+                                                   - group_advantages(r.detach())).abs().max().item(),
+            # a per-prompt scale a(x) > 0 as well: GRPO's std division removes it (up to its eps = 1e-4 in the
+            # denominator), Dr. GRPO's centring alone does not
+            "GRPO advantages change under a(x)·r + c(x)": (group_advantages(a * r.detach() + c)
+                                                           - group_advantages(r.detach())).abs().max().item(),
+            "Dr. GRPO advantages under a(x)·r + c(x): largest |A after − a(x)·A before|": (
+                group_advantages(a * r.detach() + c, scale="none")
+                - a * group_advantages(r.detach(), scale="none")).abs().max().item(),  # (P, K) - (P, 1)·(P, K)
+            "a(x) drawn, smallest and largest": [a.min().item(), a.max().item()]}
 
 
 def head_bias_gradient(seed: int) -> dict:
@@ -399,17 +408,22 @@ def test_bradley_terry_loss_cannot_see_a_per_prompt_constant(ev, seed):
     unchanged, and its gradient along the all-ones direction of each prompt is zero; on the shared-model reward
     model the head bias, which adds one constant to every reward, gets zero gradient. The switch: the same constant
     on one output per prompt changes the loss, and so does doubling every reward (the loss fixes the scale, not
-    only the order). GRPO's group advantages drop c(x) too. Would be refuted if a per-prompt shift moved the loss."""
+    only the order). GRPO's group advantages drop c(x) too, and a per-prompt scale a(x) > 0 (its std division), while
+    Dr. GRPO's scale with a(x). Would be refuted if a per-prompt shift moved the loss, or if GRPO's advantages moved
+    under a(x)·r + c(x) beyond its eps's share (1e-4 against stds near 1)."""
     r = shift_invariance(seed)
     b = head_bias_gradient(seed)
     for key, v in r.items():
-        ev.record(key if key != "loss" else "loss on random rewards", v,
+        ev.record(key if key != "loss" else "loss on random rewards", v, key=not key.startswith("a(x) drawn"),
                   expect={"shift c(x)": "0 (identity)", "shift one output": "> 0 (the switch)",
                           "scale x2": "> 0: the scale is fixed"}.get(key, ""))
     ev.record("reward model (shared DecoderLM): gradient of the head bias, absolute", b["head bias"], expect="0")
     ev.record("reward model: gradient norm of the head weights", b["head weight"], expect="> 0")
     assert r["shift c(x)"] < 1e-12 and r["largest per-prompt sum of the gradient"] < 1e-12
     assert r["group advantages change under c(x)"] < 1e-9
+    # GRPO's eps = 1e-4 in std + eps makes the scale invariance approximate: |ΔA| ≤ |A|·1e-4·|1/std − 1/(a·std)| ≪ 1e-2
+    assert r["GRPO advantages change under a(x)·r + c(x)"] < 1e-2
+    assert r["Dr. GRPO advantages under a(x)·r + c(x): largest |A after − a(x)·A before|"] < 1e-9  # scaled by a(x)
     assert b["head bias"] < 1e-12 < 1e-6 < b["head weight"]
     # THRESHOLDS from seeds 100-139 (40 seeds): loss change when one output per prompt moves 1.08 ± 0.80 (min 0.106),
     # when every reward doubles 0.43 ± 0.16 (min 0.106); the identity's change is at most 3.3e-16. Both switches are
