@@ -386,14 +386,14 @@ def unmentioned(seed: int, n: int = 2000, steps: int = 300) -> dict:
 # %% [markdown]
 # ## 6. Shared parameters: the chosen response can lose probability while the margin grows
 #
-# The categorical has one logit per response, so a pair's gradient is e_w − e_l and the chosen response can only
-# gain. Give the responses shared features instead: a log-linear policy π(y) ∝ exp(θ·φ(y)), the last layer of a
-# language model whose hidden features φ are held fixed. Then ∇log π(y) = φ(y) − E_π[φ], the expectation cancels in
-# the pair's difference, and every gradient-descent step moves θ along d = φ_w − φ_l only (Adam would tilt it). Along that line
+# The categorical has one logit per response, so a pair's gradient is e_w − e_l and the chosen response can only gain.
+# Give the responses shared features instead: a log-linear policy π(y) ∝ exp(θ·φ(y)), the last layer of a language model
+# whose hidden features φ are held fixed. Then ∇log π(y) = φ(y) − E_π[φ], the expectation cancels in the pair's
+# difference, and every gradient-descent step moves θ along d = φ_w − φ_l only (Adam would tilt it). Along that line
 # d/ds log π(y_w) = φ_w·d − E_π[φ·d], and E_π[φ·d] only grows with s (its derivative is Var_π(φ·d)). So if the chosen
-# response starts below the policy's mean along d, its log-probability falls at every step while the margin,
-# s·|d|², rises: the mass goes to responses further along d, which no pair mentions (likelihood displacement,
-# Razin et al. 2024, in its simplest form).
+# response starts below the policy's mean along d, its log-probability falls at every step while the margin, s·|d|²,
+# rises: the mass goes to responses further along d, which no pair mentions (likelihood displacement, Razin et al. 2024,
+# in its simplest form).
 
 # %%
 # --8<-- [start:displacement]
@@ -411,12 +411,11 @@ def displacement(seed: int, K: int = 16, m: int = 4, steps: int = 100, lr: float
                  for w, l in itertools.permutations(range(K), 2) if (phi[w] - mean) @ (phi[w] - phi[l]) < 0]
         if pairs:
             break
-    _, w, l = max(pairs)
-    out = {"shared": _log_linear_dpo(phi, theta0, w, l, steps, lr),
-           "one-hot": _log_linear_dpo(torch.eye(K, dtype=F64), ref.clone(), w, l, steps, lr)}
-    out["cosine of the pair's features"] = max(pairs)[0]
-    out["share of ordered pairs meeting the rule"] = len(pairs) / (K * (K - 1))
-    return out
+    cosine, w, l = max(pairs)
+    return {"shared": _log_linear_dpo(phi, theta0, w, l, steps, lr),
+            "one-hot": _log_linear_dpo(torch.eye(K, dtype=F64), ref.clone(), w, l, steps, lr),
+            "cosine of the pair's features": cosine,
+            "share of ordered pairs meeting the rule": len(pairs) / (K * (K - 1))}
 
 
 def _log_linear_dpo(phi: torch.Tensor, theta0: torch.Tensor, w: int, l: int, steps: int, lr: float) -> dict:
